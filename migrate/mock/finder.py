@@ -1,0 +1,164 @@
+"""The import side of glm-mock: stand-in modules and the torch start-up hook.
+
+:class:`MockFinder` sits first on ``sys.meta_path`` and
+
+- serves stand-in modules for the scopes in :data:`migrate.mock.plan.SCOPES`
+  (``apex``, ``deepspeed``, ``torch._six``...) unless the real package is
+  installed and not forced; their attributes come from the rule tables;
+- refuses submodules no rule covers with a ModuleNotFoundError that says so;
+- applies ``shim.compat.install()`` to torch right after torch is imported, when
+  CUDA is absent, so processes that never import torch pay nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+from migrate.mock.plan import SCOPES, Plan, find_installed, load_plan, resolve, scope_of
+
+ENV_DISABLE = "GLM_MOCK_DISABLE"  # kill switch: any value but "" and "0"
+ENV_FORCE = "GLM_MOCK_FORCE"  # comma-separated scopes whose stand-in beats a real install ("all")
+
+
+class StandIn(types.ModuleType):
+    """A mocked module. Attributes resolve on first use: a rule's shim target, a
+    stand-in submodule, the module a ``module`` rule forwards to, or an
+    AttributeError naming the construct as not covered. Never a placeholder."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(f"glm-mock stand-in {self.__name__!r} has no attribute {name!r}")
+        plan: Plan = self.__glm_mock_plan__
+        full = f"{self.__name__}.{name}"
+        redirect = plan.lookup(full)
+        if full in plan.modules:
+            value = importlib.import_module(full)
+        elif redirect.kind == "symbol":
+            try:
+                value = resolve(redirect.target)
+            except (ImportError, AttributeError) as exc:
+                # ImportError, not AttributeError: `from x import y` must not swallow it.
+                raise ImportError(f"glm-mock: {full} -> {redirect.target} is broken: {exc}") from exc
+        elif self.__glm_mock_forward__ is not None and hasattr(self.__glm_mock_forward__, name):
+            # Not cached: the forwarded module may rebind its globals later.
+            return getattr(self.__glm_mock_forward__, name)
+        else:
+            raise AttributeError(plan.not_covered_message(full))
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self):
+        plan: Plan = self.__glm_mock_plan__
+        prefix = self.__name__ + "."
+        own = {n[len(prefix):].split(".")[0] for n in plan.redirects.keys() | plan.modules if n.startswith(prefix)}
+        own = {n for n in own if plan.lookup(prefix + n).kind != "not covered" or prefix + n in plan.modules}
+        forwarded = dir(self.__glm_mock_forward__) if self.__glm_mock_forward__ is not None else ()
+        return sorted(set(super().__dir__()) | own | set(forwarded))
+
+
+class StandInLoader(importlib.abc.Loader):
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def create_module(self, spec):
+        return StandIn(spec.name)
+
+    def exec_module(self, module):
+        redirect = self.plan.redirects.get(module.__name__)
+        forward = redirect.target if redirect is not None and redirect.kind == "module" else None
+        module.__glm_mock_plan__ = self.plan
+        module.__glm_mock_forward__ = importlib.import_module(forward) if forward else None
+        backing = forward or "shim"
+        module.__doc__ = f"glm-mock stand-in for {module.__name__}, backed by {backing} (see `glm-mock --list`)."
+
+
+class _ThenCall(importlib.abc.Loader):
+    """Runs a module's own loader, then ``after(module)``; the module keeps its own loader."""
+
+    def __init__(self, loader, after):
+        self.loader = loader
+        self.after = after
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def make_torch_portable(torch) -> None:
+    """Apply shim.compat to torch itself when there is no CUDA device to run on."""
+    if torch.cuda.is_available():
+        return
+    try:
+        import shim.compat
+
+        shim.compat.install()
+    except Exception as exc:
+        raise ImportError(f"glm-mock: torch loaded, but shim.compat.install() failed: {exc!r}") from exc
+
+
+class MockFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, forced=frozenset(), installed=find_installed):
+        self.forced = frozenset(SCOPES) if "all" in forced else frozenset(forced)
+        self._installed = installed
+        self._serves: dict[str, bool] = {}
+
+    def serves(self, scope: str) -> bool:
+        """Whether the stand-in answers for ``scope``: forced, or no real package installed."""
+        if scope not in self._serves:
+            self._serves[scope] = scope in self.forced or self._installed(scope) is None
+        return self._serves[scope]
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch":
+            return self._torch_spec(path, target)
+        scope = scope_of(fullname)
+        if scope is None or not self.serves(scope):
+            return None
+        plan = load_plan()
+        if fullname in plan.modules:
+            return importlib.machinery.ModuleSpec(fullname, StandInLoader(plan), is_package=True)
+        if plan.lookup(fullname).kind == "not covered":
+            raise ModuleNotFoundError(plan.not_covered_message(fullname), name=fullname)
+        return None  # a mapped class or function, not a module: the usual "No module named" applies
+
+    def _torch_spec(self, path, target):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec("torch", path, target)
+            if spec is not None:
+                spec.loader = _ThenCall(spec.loader, make_torch_portable)
+                return spec
+        return None
+
+
+def parse_forced(value: str, source: str = ENV_FORCE) -> frozenset[str]:
+    forced = frozenset(s.strip() for s in value.split(",") if s.strip())
+    unknown = forced - set(SCOPES) - {"all"}
+    if unknown:
+        raise ValueError(f"{source}: unknown package(s) {sorted(unknown)}; choose from {sorted(SCOPES)} or 'all'")
+    return forced
+
+
+def install(environ) -> MockFinder:
+    """Put the finder first on sys.meta_path (once). The kill switch is checked by the
+    start-up hook (site/sitecustomize.py), before anything is imported."""
+    for finder in sys.meta_path:
+        if isinstance(finder, MockFinder):
+            return finder
+    finder = MockFinder(parse_forced(environ.get(ENV_FORCE, "")))
+    sys.meta_path.insert(0, finder)
+    if "torch" in sys.modules:  # imported before us (by a .pth file, say)
+        make_torch_portable(sys.modules["torch"])
+    return finder
