@@ -1,0 +1,43 @@
+"""torch.distributed, plus: collectives that work in one process, a CPU-tolerant DDP, and the parallel layout.
+
+- :mod:`shim.distributed.collectives`: ``all_reduce``, ``broadcast``, ``barrier``,
+  ``get_rank``, ``new_group``... are torch's own with a process group, and
+  world-of-one identities without one; ``init_process_group`` maps ``nccl`` to
+  ``gloo`` without CUDA and needs no launcher for a world of one.
+- :mod:`shim.distributed.data_parallel`: ``DistributedDataParallel``.
+- :mod:`shim.distributed.layout`: ``setup_dist_util`` (LiBai's four numbers -> DeviceMeshes),
+  ``get_layer_placement``, ``get_nd_sbp``, ``get_hidden_sbp``, ``is_main_process``.
+
+Every other name is torch.distributed's own object.
+"""
+
+import torch.distributed as _torch_distributed
+
+from shim._forward import forward_to as _forward_to
+from shim._lazy import lazy_names as _lazy_names
+
+_COLLECTIVES = (
+    "SingleProcessGroup all_gather all_gather_into_tensor all_gather_object all_reduce all_to_all "
+    "all_to_all_single barrier broadcast broadcast_object_list gather gather_object get_rank "
+    "get_world_size init_process_group monitored_barrier new_group reduce reduce_scatter "
+    "reduce_scatter_tensor scatter scatter_object_list"
+).split()
+
+_LAYOUT = (
+    "ParallelLayout current_layout ensure_divisible get_dist_util get_hidden_sbp get_layer_placement "
+    "get_nd_sbp is_main_process reset_dist_util setup_dist_util"
+).split()
+
+# name -> module that defines it (imported on first use)
+_OWN = {
+    **{name: "shim.distributed.collectives" for name in _COLLECTIVES},
+    "DistributedDataParallel": "shim.distributed.data_parallel",
+    **{name: "shim.distributed.layout" for name in _LAYOUT},
+}
+
+_torch_getattr, _torch_dir = _forward_to(_torch_distributed, globals())
+__getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
+
+
+def __dir__():
+    return sorted(set(_torch_dir()) | set(_OWN))

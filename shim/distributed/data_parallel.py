@@ -1,0 +1,56 @@
+"""``DistributedDataParallel`` that also wraps a model in one process or on CPU."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as _TorchDDP
+
+from shim.distributed.collectives import get_world_size
+
+__all__ = ["DistributedDataParallel"]
+
+
+class _EitherDDP(type(torch.nn.Module)):
+    # ``isinstance(model, shim.distributed.DistributedDataParallel)`` holds for
+    # both forms the constructor may return, so unwrapping loops keep working.
+    def __instancecheck__(cls, instance) -> bool:
+        return type.__instancecheck__(cls, instance) or isinstance(instance, _TorchDDP)
+
+
+class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
+    """``torch.nn.parallel.DistributedDataParallel`` where data parallelism exists, a plain wrapper where not.
+
+    With a process group of more than one rank this returns torch's own DDP;
+    ``device_ids`` / ``output_device`` are dropped for CPU modules, which torch
+    rejects them for. With one rank (or no process group) there is nothing to
+    synchronise: the result just holds the model as ``.module`` and calls it, so
+    checkpoints keep their ``module.`` prefix either way.
+    """
+
+    def __new__(cls, module, device_ids=None, output_device=None, process_group=None, **kwargs):
+        if get_world_size(group=process_group) > 1:
+            if not _on_accelerator(module):
+                device_ids = output_device = None
+            return _TorchDDP(
+                module, device_ids=device_ids, output_device=output_device, process_group=process_group, **kwargs
+            )
+        return super().__new__(cls)
+
+    def __init__(self, module, device_ids=None, output_device=None, process_group=None, **kwargs):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """No gradients to synchronise in one process."""
+        yield
+
+
+def _on_accelerator(module: torch.nn.Module) -> bool:
+    return any(p.device.type not in ("cpu", "meta") for p in module.parameters())
+

@@ -1,0 +1,186 @@
+"""The parallel layout: LiBai's four numbers turned into DeviceMeshes.
+
+``setup_dist_util(data_parallel_size=, tensor_parallel_size=, pipeline_parallel_size=,
+pipeline_num_layers=)`` arranges the ranks as a grid ``[pp][dp][tp]`` (tensor
+parallel neighbours have adjacent ranks, as in Megatron) and builds:
+
+- the root mesh, dims ``("pp", "dp", "tp")``;
+- one mesh per pipeline stage, dims ``("dp", "tp")``: a layer's *placement*
+  (``get_layer_placement(layer_idx)``), on which its weights are DTensors.
+
+Every size is checked against the world size before any collective starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as _dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Placement, Replicate, Shard
+
+from shim.distributed.collectives import init_process_group
+
+__all__ = [
+    "ParallelLayout",
+    "current_layout",
+    "ensure_divisible",
+    "get_dist_util",
+    "get_hidden_sbp",
+    "get_layer_placement",
+    "get_nd_sbp",
+    "is_main_process",
+    "setup_dist_util",
+]
+
+_layout: ParallelLayout | None = None
+
+
+def ensure_divisible(value: int, parts: int, what: str, by: str) -> int:
+    """``value // parts``, or a one-line error naming both quantities."""
+    if parts <= 0 or value % parts:
+        raise ValueError(f"{what} ({value}) is not divisible by {by} ({parts})")
+    return value // parts
+
+
+@dataclass
+class ParallelLayout:
+    data_parallel_size: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    pipeline_num_layers: int
+    device_type: str
+    mesh: DeviceMesh  # dims ("pp", "dp", "tp")
+    stage_meshes: list[DeviceMesh] = field(repr=False)  # per stage, dims ("dp", "tp")
+
+    @property
+    def pipeline_stage(self) -> int:
+        return self.mesh.get_local_rank("pp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.mesh.get_local_rank("dp")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self.mesh.get_local_rank("tp")
+
+    @property
+    def tensor_parallel_mesh(self) -> DeviceMesh:
+        return self.mesh["tp"]
+
+    @property
+    def data_parallel_mesh(self) -> DeviceMesh:
+        return self.mesh["dp"]
+
+    @property
+    def pipeline_mesh(self) -> DeviceMesh:
+        return self.mesh["pp"]
+
+    def layer_stage(self, layer_idx: int) -> int:
+        """The pipeline stage holding layer ``layer_idx`` (negative counts from the end).
+
+        Layers split evenly; when they do not divide, the last stages take one more.
+        """
+        n, p = self.pipeline_num_layers, self.pipeline_parallel_size
+        if layer_idx < 0:
+            layer_idx += n
+        if not 0 <= layer_idx < n:
+            raise IndexError(f"layer_idx {layer_idx} is outside the pipeline's {n} layers")
+        per_stage, extra = divmod(n, p)
+        first_long_layer = (p - extra) * per_stage  # stages before it hold per_stage layers
+        if layer_idx < first_long_layer:
+            return layer_idx // per_stage
+        return p - extra + (layer_idx - first_long_layer) // (per_stage + 1)
+
+
+def _resolve_sizes(world_size, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers):
+    tp = tensor_parallel_size or 1
+    pp = pipeline_parallel_size or 1
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be >= 1")
+    dp = data_parallel_size or ensure_divisible(
+        world_size, tp * pp, "world size", "tensor_parallel_size * pipeline_parallel_size"
+    )
+    if dp * tp * pp != world_size:
+        raise ValueError(
+            f"data_parallel_size * tensor_parallel_size * pipeline_parallel_size = {dp} * {tp} * {pp} "
+            f"= {dp * tp * pp} does not equal the world size ({world_size})"
+        )
+    layers = pipeline_num_layers if pipeline_num_layers is not None else pp
+    if layers < pp:
+        raise ValueError(f"pipeline_num_layers ({layers}) is smaller than pipeline_parallel_size ({pp})")
+    return dp, tp, pp, layers
+
+
+def _world_size_before_init() -> int:
+    return _dist.get_world_size() if _dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_dist_util(
+    data_parallel_size: int | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    pipeline_num_layers: int | None = None,
+) -> ParallelLayout:
+    """Build the meshes for LiBai's four numbers; initialise the process group if needed.
+
+    Unset sizes default to 1 for tensor and pipeline parallel and to the rest of
+    the world for data parallel. ``pipeline_num_layers`` defaults to the number
+    of stages. In one process with no launcher this sets up a world of one.
+    """
+    global _layout
+    dp, tp, pp, layers = _resolve_sizes(
+        _world_size_before_init(), data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers
+    )
+    if not _dist.is_initialized():
+        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    # Every rank builds every stage's mesh, in the same order: making groups is collective.
+    stage_meshes = [
+        DeviceMesh(device_type, mesh.mesh[stage], mesh_dim_names=("dp", "tp")) for stage in range(pp)
+    ]
+    _layout = ParallelLayout(dp, tp, pp, layers, device_type, mesh, stage_meshes)
+    return _layout
+
+
+def current_layout() -> ParallelLayout | None:
+    """The layout ``setup_dist_util`` built, or None before it runs."""
+    return _layout
+
+
+def get_dist_util() -> ParallelLayout:
+    """The layout, set up with defaults (all data parallel) if nobody did so yet."""
+    return _layout if _layout is not None else setup_dist_util()
+
+
+def reset_dist_util() -> None:
+    """Forget the layout (the process group stays)."""
+    global _layout
+    _layout = None
+
+
+def get_layer_placement(layer_idx: int = 0) -> DeviceMesh:
+    """The ``("dp", "tp")`` mesh of the pipeline stage that holds layer ``layer_idx``."""
+    layout = get_dist_util()
+    return layout.stage_meshes[layout.layer_stage(layer_idx)]
+
+
+def get_nd_sbp(sbp_list) -> tuple[Placement, ...]:
+    """The placements for a tensor on a layer placement, given as ``[sbp over dp, sbp over tp]``."""
+    sbp = tuple(sbp_list)
+    if len(sbp) != 2 or not all(isinstance(s, Placement) for s in sbp):
+        raise ValueError(f"get_nd_sbp expects [sbp over dp, sbp over tp], got {sbp_list!r}")
+    return sbp
+
+
+def get_hidden_sbp() -> tuple[Placement, ...]:
+    """Hidden states: batch split over data parallel, whole on every tensor-parallel rank."""
+    return get_nd_sbp([Shard(0), Replicate()])
+
+
+def is_main_process() -> bool:
+    return not _dist.is_initialized() or _dist.get_rank() == 0

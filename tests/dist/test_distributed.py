@@ -1,0 +1,180 @@
+"""shim.distributed: one process without a process group, a world of one, and two gloo ranks."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import shim.distributed as sdist
+
+
+# --- no process group at all: world-of-one meanings -------------------------------------------
+
+def test_torch_names_forward():
+    assert sdist.ReduceOp is dist.ReduceOp
+    assert sdist.TCPStore is dist.TCPStore
+    assert sdist.is_initialized is dist.is_initialized
+
+
+def test_collectives_without_process_group_are_identities():
+    assert not dist.is_initialized()
+    assert sdist.get_rank() == 0 and sdist.get_world_size() == 1
+    x = torch.arange(4.0)
+    sdist.all_reduce(x, op=sdist.ReduceOp.MAX)
+    sdist.broadcast(x, 0)
+    sdist.reduce(x, 0)
+    sdist.barrier()
+    assert torch.equal(x, torch.arange(4.0))
+    gathered = [torch.zeros(4)]
+    sdist.all_gather(gathered, x)
+    assert torch.equal(gathered[0], x)
+    out = torch.zeros(4)
+    sdist.reduce_scatter_tensor(out, x)
+    assert torch.equal(out, x)
+    objects = [None]
+    sdist.all_gather_object(objects, {"a": 1})
+    assert objects == [{"a": 1}]
+    assert sdist.all_reduce(x, async_op=True).wait()
+
+
+def test_new_group_without_process_group():
+    group = sdist.new_group([0])
+    assert sdist.get_world_size(group=group) == 1 and sdist.get_rank(group=group) == 0
+    x = torch.ones(2)
+    sdist.all_reduce(x, group=group)
+    assert torch.equal(x, torch.ones(2))
+    with pytest.raises(ValueError, match=r"new_group\(ranks=\[0, 1\]\)"):
+        sdist.new_group([0, 1])
+
+
+def test_ddp_in_one_process_is_transparent():
+    model = torch.nn.Linear(3, 2)
+    wrapped = sdist.DistributedDataParallel(model, device_ids=[0], output_device=0)
+    assert wrapped.module is model
+    assert isinstance(wrapped, sdist.DistributedDataParallel)
+    assert list(wrapped.state_dict()) == ["module.weight", "module.bias"]
+    x = torch.randn(4, 3)
+    with wrapped.no_sync():
+        assert torch.equal(wrapped(x), model(x))
+
+
+def test_world_of_one_needs_no_launcher(world_of_one):
+    # the fixture initialised without MASTER_ADDR/MASTER_PORT: an in-memory store
+    assert dist.is_initialized() and sdist.get_world_size() == 1
+    x = torch.ones(2)
+    sdist.all_reduce(x)
+    assert torch.equal(x, torch.ones(2))
+
+
+def test_nccl_without_cuda_becomes_gloo(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    sdist.init_process_group("nccl", init_method="tcp://127.0.0.1:1", world_size=1, rank=0)
+    try:
+        assert dist.get_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_setup_dist_util_in_one_process(world_of_one):
+    layout = sdist.setup_dist_util(pipeline_num_layers=4)
+    assert (layout.data_parallel_size, layout.tensor_parallel_size, layout.pipeline_parallel_size) == (1, 1, 1)
+    assert layout.tensor_parallel_rank == 0 and layout.data_parallel_rank == 0
+    placement = sdist.get_layer_placement(3)
+    assert placement.mesh_dim_names == ("dp", "tp") and placement.mesh.tolist() == [[0]]
+    assert sdist.get_hidden_sbp() == (torch.distributed.tensor.Shard(0), torch.distributed.tensor.Replicate())
+    assert sdist.is_main_process()
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        (dict(data_parallel_size=2), r"2 \* 1 \* 1 = 2 does not equal the world size \(1\)"),
+        (dict(tensor_parallel_size=2), r"world size \(1\) is not divisible by tensor_parallel_size"),
+        (dict(pipeline_parallel_size=1, pipeline_num_layers=0), r"pipeline_num_layers \(0\) is smaller"),
+    ],
+)
+def test_bad_sizes_fail_before_any_collective(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        sdist.setup_dist_util(**sizes)
+    assert not dist.is_initialized()
+
+
+def test_layer_stage_split():
+    layout = sdist.ParallelLayout(1, 1, 3, 8, "cpu", mesh=None, stage_meshes=[])
+    assert [layout.layer_stage(i) for i in range(8)] == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert layout.layer_stage(-1) == 2
+    with pytest.raises(IndexError, match="outside the pipeline's 8 layers"):
+        layout.layer_stage(8)
+
+
+# --- two gloo ranks: torch's own collectives, DDP, the meshes ---------------------------------
+
+def check_collectives_are_torchs():
+    x = torch.full((2,), float(dist.get_rank() + 1))
+    sdist.all_reduce(x)
+    assert x.tolist() == [3.0, 3.0]
+    assert sdist.get_world_size() == 2
+    group = sdist.new_group([0, 1])
+    assert not isinstance(group, sdist.SingleProcessGroup)
+    gathered = [torch.zeros(1) for _ in range(2)]
+    sdist.all_gather(gathered, torch.tensor([float(dist.get_rank())]), group=group)
+    assert [g.item() for g in gathered] == [0.0, 1.0]
+
+
+def check_ddp_averages_gradients_like_one_process():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    wrapped = sdist.DistributedDataParallel(model, device_ids=[0], output_device=0)
+    assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
+    assert isinstance(wrapped, sdist.DistributedDataParallel)
+    rank = dist.get_rank()
+    torch.nn.functional.mse_loss(wrapped(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]).backward()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    torch.testing.assert_close(model.weight.grad, reference.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def check_tensor_parallel_layout():
+    layout = sdist.setup_dist_util(tensor_parallel_size=2)
+    try:
+        assert layout.data_parallel_size == 1
+        assert layout.tensor_parallel_rank == dist.get_rank()
+        assert sdist.get_layer_placement(0).mesh.tolist() == [[0, 1]]
+    finally:
+        sdist.reset_dist_util()
+
+
+def check_pipeline_layout():
+    layout = sdist.setup_dist_util(pipeline_parallel_size=2, pipeline_num_layers=4)
+    try:
+        assert layout.pipeline_stage == dist.get_rank()
+        assert sdist.get_layer_placement(1).mesh.tolist() == [[0]]
+        assert sdist.get_layer_placement(2).mesh.tolist() == [[1]]
+    finally:
+        sdist.reset_dist_util()
+
+
+def check_bad_sizes_on_two_ranks():
+    with pytest.raises(ValueError, match=r"1 \* 1 \* 3 = 3 does not equal the world size \(2\)"):
+        sdist.setup_dist_util(data_parallel_size=1, pipeline_parallel_size=3, pipeline_num_layers=3)
+
+
+CHECKS = {
+    "collectives": check_collectives_are_torchs,
+    "ddp": check_ddp_averages_gradients_like_one_process,
+    "tensor_parallel_layout": check_tensor_parallel_layout,
+    "pipeline_layout": check_pipeline_layout,
+    "bad_sizes": check_bad_sizes_on_two_ranks,
+}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(launch):
+    return launch(CHECKS)
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_on_two_ranks(two_ranks, name):
+    two_ranks.assert_passed(name)
