@@ -1,0 +1,219 @@
+"""GLM: the model of THUDM/GLM with its parameter names, written on shim.
+
+Parameter names follow upstream exactly, so ``mp_rank_00_model_states.pt['module']`` and a Hugging Face
+GLM state dict (``glm.``-prefixed) load with ``model.load_state_dict``::
+
+    word_embeddings.weight
+    transformer.position_embeddings.weight          [max_seq + 1, h]
+    transformer.block_position_embeddings.weight    [max_seq + 1, h]
+    transformer.layers.{i}.input_layernorm.{weight,bias}
+    transformer.layers.{i}.attention.query_key_value.{weight,bias}   [3h, h]: Q | K | V thirds
+    transformer.layers.{i}.attention.dense.{weight,bias}
+    transformer.layers.{i}.post_attention_layernorm.{weight,bias}
+    transformer.layers.{i}.mlp.dense_h_to_4h.{weight,bias}
+    transformer.layers.{i}.mlp.dense_4h_to_h.{weight,bias}
+    transformer.final_layernorm.{weight,bias}
+
+Pre-LN layers, tanh GELU, 2D positions (position + block position), logits tied to the word
+embeddings, Transformer-XL style ``mems``. Under tensor parallel the linear layers and the embedding
+are shards (Megatron's split: QKV per third, column-parallel h->3h and h->4h, row-parallel back) and
+the logits come out vocab-sharded, as upstream's ``parallel_output``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import shim as torch
+import shim.nn as nn
+import shim.nn.functional as F
+from glm_port.attention import ATTENTION_IMPLS, visibility_mask
+from glm_port.config import GLMConfig
+from glm_port.parallel import TensorParallel
+
+
+def _normal_(std: float):
+    def init(tensor):
+        return nn.init.normal_(tensor, mean=0.0, std=std)
+
+    return init
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over ``[mem; x]``; returns ``residual + dropout(dense(context))``."""
+
+    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+        super().__init__()
+        self.heads = tp.divide(config.num_attention_heads, "attention heads")
+        self.head_dim = config.head_dim
+        self.query_key_value = tp.column_linear(config.hidden_size, 3 * config.hidden_size, _normal_(config.init_method_std))
+        self.dense = tp.row_linear(config.hidden_size, config.hidden_size, output_init)
+        self.attention_dropout = config.attention_dropout_prob
+        self.output_dropout = config.output_dropout_prob
+        self.attend = ATTENTION_IMPLS[config.attention_impl]
+        self.tp = tp
+
+    def _heads(self, x):  # [b, s, n*d] -> [b, n, s, d]
+        return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, x, visible, residual, mem=None):
+        query_length = x.size(1)
+        qkv = self.query_key_value(x if mem is None else torch.cat((mem, x), dim=1))
+        q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))
+        q = q[:, :, -query_length:]
+        with self.tp.rng_fork():  # attention dropout differs per tensor-parallel rank, as in Megatron
+            context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
+        context = context.transpose(1, 2).flatten(2)
+        out = self.tp.row_matmul(self.dense, context)
+        return F.fused_bias_add_dropout(out, self.dense.bias, self.output_dropout, self.training, residual=residual)
+
+
+class MLP(nn.Module):
+    """h -> 4h, tanh GELU, 4h -> h; returns ``residual + dropout(mlp(x))``."""
+
+    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+        super().__init__()
+        h = config.hidden_size
+        self.dense_h_to_4h = tp.column_linear(h, 4 * h, _normal_(config.init_method_std))
+        self.dense_4h_to_h = tp.row_linear(4 * h, h, output_init)
+        self.dropout = config.output_dropout_prob
+        self.tp = tp
+
+    def forward(self, x, residual):
+        hidden = F.fused_bias_add_gelu(self.tp.column_matmul(self.dense_h_to_4h, x), self.dense_h_to_4h.bias)
+        out = self.tp.row_matmul(self.dense_4h_to_h, hidden)
+        return F.fused_bias_add_dropout(out, self.dense_4h_to_h.bias, self.dropout, self.training, residual=residual)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.attention = SelfAttention(config, tp, output_init)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.mlp = MLP(config, tp, output_init)
+
+    def forward(self, x, visible, mem=None):
+        mem = self.input_layernorm(mem) if mem is not None else None
+        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
+
+
+class GLMTransformer(nn.Module):
+    """Position embeddings, the layers and the final LayerNorm (upstream's GPT2ParallelTransformer)."""
+
+    def __init__(self, config: GLMConfig, tp: TensorParallel):
+        super().__init__()
+        self.config = config
+        # Block positions need one more row than the sequence: Part A's block position is 0.
+        rows = config.max_sequence_length + 1 if config.block_position_encoding else config.max_sequence_length
+        self.position_embeddings = nn.Embedding(rows, config.hidden_size)
+        nn.init.normal_(self.position_embeddings.weight, std=config.init_method_std)
+        if config.block_position_encoding:
+            self.block_position_embeddings = nn.Embedding(rows, config.hidden_size)
+            nn.init.normal_(self.block_position_embeddings.weight, std=config.init_method_std)
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout_prob)
+        # Residual-branch outputs start smaller, N(0, std / sqrt(2 L)), as in GPT-2 / Megatron.
+        output_init = _normal_(config.init_method_std / math.sqrt(2.0 * config.num_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config, tp, output_init) for _ in range(config.num_layers))
+        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+
+    def forward(self, hidden, position_ids, attention_mask, mems=(), return_memory=False):
+        batch_size, query_length = hidden.shape[:2]
+        memory_length = mems[0].size(1) if mems else 0
+        visible = visibility_mask(attention_mask, batch_size, query_length, memory_length)
+        if self.config.block_position_encoding:
+            hidden = hidden + self.position_embeddings(position_ids[:, 0])
+            hidden = hidden + self.block_position_embeddings(position_ids[:, 1])
+        else:
+            hidden = hidden + self.position_embeddings(position_ids)
+        hidden = self.embedding_dropout(hidden)
+
+        keep_memory = self.config.max_memory_length > 0 or return_memory
+        layer_inputs = [hidden.detach()] if keep_memory else []
+        chunk = self.config.checkpoint_num_layers if self._checkpointing() else 1
+        for start in range(0, len(self.layers), chunk):
+            layers = self.layers[start:start + chunk]
+            layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
+            if self._checkpointing():
+                hidden = _checkpoint(_run_layers(layers, len(layer_mems)), hidden, visible, *layer_mems)
+            else:
+                hidden = _run_layers(layers, len(layer_mems))(hidden, visible, *layer_mems)
+            if keep_memory:
+                layer_inputs.append(hidden.detach())
+        output = self.final_layernorm(hidden)
+        new_mems = self._update_mems(layer_inputs, mems, return_memory) if keep_memory else []
+        return output, new_mems
+
+    def _checkpointing(self) -> bool:
+        return self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
+
+    def _update_mems(self, hiddens, mems, return_memory):
+        """Keep the last ``max_memory_length`` positions of ``[old mems; new hidden states]`` per layer."""
+        query_length = hiddens[0].size(1)
+        memory_length = mems[0].size(1) if mems else 0
+        keep = memory_length + query_length
+        if not return_memory:
+            keep = min(self.config.max_memory_length, keep)
+        if not mems:
+            return [h[:, -keep:] for h in hiddens]
+        return [torch.cat((m, h), dim=1)[:, -keep:] for m, h in zip(mems, hiddens)]
+
+
+def _run_layers(layers, num_mems):
+    def run(hidden, visible, *layer_mems):
+        for layer, mem in zip(layers, layer_mems):
+            hidden = layer(hidden, visible, mem=mem)
+        return hidden
+
+    return run
+
+
+def _checkpoint(function, *args):
+    """Recompute in backward, replaying dropout exactly (shim restores the model-parallel RNG tracker too)."""
+    return torch.checkpointing.checkpoint(function, *args)
+
+
+class GLMModel(nn.Module):
+    """GLM language model: ``forward(input_ids, position_ids, attention_mask, *mems) -> (logits, *mems)``.
+
+    ``attention_mask`` is the ``sep`` form (``[b]`` or a scalar) or the full form ``[b, 1, q, m + q]``.
+    ``position_ids`` is ``[b, 2, s]`` (position, block position) with 2D positions, else ``[b, s]``.
+    """
+
+    def __init__(self, config: GLMConfig, tp: TensorParallel | None = None):
+        super().__init__()
+        tp = tp or TensorParallel()
+        self.config = config
+        self.tp = tp
+        self.word_embeddings = tp.vocab_embedding(config.vocab_size, config.hidden_size, _normal_(config.init_method_std))
+        self.transformer = GLMTransformer(config, tp)
+        # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
+        self._register_load_state_dict_pre_hook(_strip_hf_prefix)
+
+    def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False):
+        hidden = self.word_embeddings(input_ids)
+        hidden, new_mems = self.transformer(hidden, position_ids, attention_mask, mems, return_memory=return_memory)
+        # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.
+        logits = F.linear(self.tp.copy_to_parallel(hidden), self.word_embeddings.weight)
+        return (logits, *new_mems)
+
+
+HF_PREFIX = "glm."
+
+
+def _strip_hf_prefix(state_dict, prefix, *args):
+    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
+        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
+
+
+def weight_decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Upstream's grouping: no weight decay on biases and LayerNorm parameters."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad:
+                continue
+            skip = isinstance(module, nn.LayerNorm) or name == "bias"
+            (no_decay if skip else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
