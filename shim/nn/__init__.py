@@ -19,3 +19,6 @@ __getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
 
 def __dir__():
     return sorted(set(_torch_dir()) | set(_OWN))
+
+# shim's functional (torch's plus fused ops) must win over torch.nn.functional on attribute access.
+import shim.nn.functional as functional  # noqa: E402

@@ -1,0 +1,27 @@
+"""torch.nn.functional plus fused ops (their kernels live in :mod:`shim.ops`).
+
+- ``sparse_softmax_cross_entropy(logits, labels, *, process_group=None)``
+- ``fused_bias_add_gelu(x, bias, approximate="tanh")``
+- ``fused_bias_add_dropout(x, bias, p, training=True, residual=None)``
+
+Every other name is torch.nn.functional's own object.
+"""
+
+import torch.nn.functional as _torch_functional
+
+from shim._forward import forward_to as _forward_to
+from shim._lazy import lazy_names as _lazy_names
+
+# name -> module that defines it (imported on first use)
+_OWN = {
+    "sparse_softmax_cross_entropy": "shim.ops.cross_entropy",
+    "fused_bias_add_gelu": "shim.ops.bias_act",
+    "fused_bias_add_dropout": "shim.ops.bias_dropout",
+}
+
+_torch_getattr, _torch_dir = _forward_to(_torch_functional, globals())
+__getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
+
+
+def __dir__():
+    return sorted(set(_torch_dir()) | set(_OWN))
