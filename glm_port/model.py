@@ -64,7 +64,8 @@ class SelfAttention(nn.Module):
         with self.tp.rng_fork():  # attention dropout differs per tensor-parallel rank, as in Megatron
             context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
         context = context.transpose(1, 2).flatten(2)
-        out = self.tp.row_matmul(self.dense, context)
+        # Under autocast the matmul is half precision; the residual stream stays in its own dtype.
+        out = self.tp.row_matmul(self.dense, context).to(residual.dtype)
         return F.fused_bias_add_dropout(out, self.dense.bias, self.output_dropout, self.training, residual=residual)
 
 
@@ -80,8 +81,9 @@ class MLP(nn.Module):
         self.tp = tp
 
     def forward(self, x, residual):
-        hidden = F.fused_bias_add_gelu(self.tp.column_matmul(self.dense_h_to_4h, x), self.dense_h_to_4h.bias)
-        out = self.tp.row_matmul(self.dense_4h_to_h, hidden)
+        hidden = self.tp.column_matmul(self.dense_h_to_4h, x)
+        hidden = F.fused_bias_add_gelu(hidden, self.dense_h_to_4h.bias.to(hidden.dtype))
+        out = self.tp.row_matmul(self.dense_4h_to_h, hidden).to(residual.dtype)
         return F.fused_bias_add_dropout(out, self.dense_4h_to_h.bias, self.dropout, self.training, residual=residual)
 
 

@@ -1,0 +1,140 @@
+"""One GLM training step and what it needs: optimizer, learning-rate schedule, loss, precision.
+
+Numerics are upstream's: AdamW math (apex FusedAdam's ``adam_w_mode``), no weight decay on biases and
+LayerNorm, AnnealingLR's warmup and decay, gradient clipping by global norm, and the loss
+``sum(loss * loss_mask) / loss_mask.sum()``. Data parallel divides by the mask sum of the *global*
+batch, so N ranks at batch b compute exactly what one process computes at batch N*b.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import shim as torch
+import shim.distributed as dist
+import shim.nn.functional as F
+from glm_port.model import weight_decay_param_groups
+
+DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
+
+
+def annealing_lr(warmup_iters: float, decay_iters: int, style: str, decay_ratio: float):
+    """Upstream AnnealingLR as a multiplier of the base lr for ``torch.optim.lr_scheduler.LambdaLR``.
+
+    Linear warmup over ``warmup_iters``, then decay over the remaining ``decay_iters - warmup_iters``
+    down to ``decay_ratio`` of the base lr, held there afterwards. Upstream leaves "exponential" as a
+    TODO (constant); here it is ``decay_ratio ** progress``.
+    """
+    if style not in DECAY_STYLES:
+        raise ValueError(f"unknown lr decay style {style!r}; choose from {', '.join(DECAY_STYLES)}")
+    decay_span = max(decay_iters - warmup_iters, 1)
+
+    def multiplier(step: int) -> float:
+        if warmup_iters > 0 and step <= warmup_iters:
+            return step / warmup_iters
+        progress = min((step - warmup_iters) / decay_span, 1.0)
+        if style == "linear":
+            return 1.0 - (1.0 - decay_ratio) * progress
+        if style == "cosine":
+            return decay_ratio + (1.0 - decay_ratio) * (math.cos(math.pi * progress) + 1.0) / 2.0
+        if style == "exponential":
+            return decay_ratio**progress
+        return 1.0
+
+    return multiplier
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup: float = 0.01  # fraction of the decay iterations
+    decay_iters: int = 1
+    decay_style: str = "linear"
+    decay_ratio: float = 0.1
+
+
+def build_optimizer(model, settings: OptimizerSettings):
+    """AdamW (fused kernel where torch has one) + AnnealingLR, with upstream's parameter groups."""
+    groups = weight_decay_param_groups(model, settings.weight_decay)
+    groups = [g for g in groups if g["params"]]
+    # The fused kernel needs every parameter on one device type with a floating dtype; plain
+    # tensors qualify (CPU and CUDA), DTensor shards go the foreach way.
+    fused = all(type(p) is torch.nn.Parameter for g in groups for p in g["params"])
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps, fused=fused or None)
+    warmup_iters = settings.warmup * settings.decay_iters
+    schedule = annealing_lr(warmup_iters, settings.decay_iters, settings.decay_style, settings.decay_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+class Precision:
+    """fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling (upstream's default for --fp16)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None):
+        self.device, self.dtype = device, dtype
+        fp16 = dtype == torch.float16
+        init_scale = loss_scale or 2.0**32  # upstream's DynamicLossScaler starts at 2**32
+        self.scaler = torch.amp.GradScaler(
+            device.type, init_scale=init_scale, enabled=fp16, growth_interval=1000 if loss_scale is None else 10**12
+        )
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler.is_enabled() else None
+
+
+def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
+    """All-reduce (sum) scalars over the data-parallel group in one collective."""
+    packed = torch.stack([v.detach().float() for v in values])
+    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(packed, group=group)
+    return list(packed.unbind())
+
+
+def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None):
+    """Forward one batch; returns ``(loss_to_backprop, global_loss_value)``.
+
+    ``global_loss_value`` = sum(loss * mask) / mask.sum() over the whole data-parallel batch.
+    ``loss_to_backprop`` is scaled so that DDP's gradient *mean* over ``dp_size`` ranks equals the
+    gradient of that global loss.
+    """
+    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"])
+    losses = F.sparse_softmax_cross_entropy(logits, batch["target"], process_group=parallel_group)
+    loss_mask = batch["loss_mask"].to(losses.dtype)
+    local_sum = (losses * loss_mask).sum()
+    global_sum, global_count = _sum_over(dp_group, local_sum, loss_mask.sum())
+    denominator = global_count.clamp(min=1.0)  # upstream: divide only when the mask is not empty
+    return local_sum * dp_size / denominator, global_sum / denominator
+
+
+def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
+               clip_fn=None, dp_group=None, dp_size: int = 1, parallel_group=None) -> float:
+    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for i, batch in enumerate(microbatches):
+        # Only the last micro-batch all-reduces gradients under DDP.
+        sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with precision.autocast():
+                loss, value = lm_loss(model, batch, dp_group, dp_size, parallel_group)
+            precision.scaler.scale(loss / len(microbatches)).backward()
+        total += value.item() / len(microbatches)
+    if clip_grad > 0:
+        precision.scaler.unscale_(optimizer)
+        (clip_fn or torch.nn.utils.clip_grad_norm_)(model.parameters(), clip_grad)
+    scale = precision.scaler.get_scale()
+    precision.scaler.step(optimizer)
+    precision.scaler.update()
+    if precision.scaler.get_scale() >= scale:  # as upstream: an overflow-skipped step leaves the lr alone
+        scheduler.step()
+    return total
