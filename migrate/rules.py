@@ -18,6 +18,7 @@ else:  # pragma: no cover
 
 KINDS = frozenset({"module", "symbol", "call", "method", "unsupported", "report"})
 SAFETY = frozenset({"safe", "review"})
+NEEDS_TARGET = frozenset({"module", "symbol", "call", "method"})
 
 
 class RuleError(ValueError):
@@ -68,6 +69,8 @@ def _parse(path: Path) -> list[Rule]:
             raise RuleError(f"{where} ({entry['code']}): unknown keys {sorted(unknown)}")
         if entry["kind"] not in KINDS:
             raise RuleError(f"{where} ({entry['code']}): kind must be one of {sorted(KINDS)}")
+        if entry["kind"] in NEEDS_TARGET and not entry.get("target"):
+            raise RuleError(f"{where} ({entry['code']}): kind {entry['kind']!r} needs a target")
         if entry.get("safety", "safe") not in SAFETY:
             raise RuleError(f"{where} ({entry['code']}): safety must be one of {sorted(SAFETY)}")
         rules.append(Rule(**entry, source=path.name))
@@ -87,3 +90,53 @@ def load_rules(directory: str | None = None) -> tuple[Rule, ...]:
             raise RuleError(f"duplicate rule code {rule.code} in {rule.source} and {seen[rule.code]}")
         seen[rule.code] = rule.source
     return tuple(rules)
+
+
+class RuleSet:
+    """The active rules, indexed for lookup by fully-qualified name.
+
+    ``select`` / ``ignore`` take rule codes (``APX001``) or families (``APX``).
+    """
+
+    def __init__(self, rules: tuple[Rule, ...], select: set[str] | None = None, ignore: set[str] = frozenset()):
+        known = {r.code for r in rules} | {r.family for r in rules}
+        unknown = sorted((set(select or ()) | set(ignore)) - known)
+        if unknown:
+            raise RuleError(f"unknown rule code or family: {', '.join(unknown)}")
+
+        def active(rule: Rule) -> bool:
+            wanted = select is None or rule.code in select or rule.family in select
+            return wanted and rule.code not in ignore and rule.family not in ignore
+
+        self.rules = tuple(r for r in rules if active(r))
+        self._by_name = {r.match: r for r in self.rules if r.kind not in ("call", "method")}
+        self.calls = {r.match: r for r in self.rules if r.kind == "call"}
+        self.methods = {r.match: r for r in self.rules if r.kind == "method"}
+
+    def best(self, name: str) -> Rule | None:
+        """The most specific module/symbol/unsupported/report rule covering ``name`` (itself or a parent)."""
+        while name:
+            rule = self._by_name.get(name)
+            if rule is not None:
+                return rule
+            name = name.rpartition(".")[0]
+        return None
+
+    def trigger_words(self) -> frozenset[str]:
+        """Words a file must contain for any rule to apply to it (checked before parsing)."""
+        words = set(self.methods)
+        for rule in self.rules:
+            if rule.kind != "method":
+                # an external name is reached through an import of its root module
+                words.add(rule.match.split(".")[0])
+            if rule.kind == "call":
+                # a call into the tree may be reached through a re-export under its own name
+                words.add(rule.match.rpartition(".")[2])
+        return frozenset(words)
+
+
+def mapped_name(rule: Rule, name: str) -> str | None:
+    """What ``name`` (covered by ``rule``) becomes, or None for unsupported/report rules."""
+    if rule.target is None or rule.kind in ("unsupported", "report"):
+        return None
+    return rule.target + name[len(rule.match):]

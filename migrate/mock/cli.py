@@ -8,8 +8,8 @@ import shutil
 import sys
 
 from migrate.mock import environ as mock_env
-from migrate.mock.finder import ENV_DISABLE, ENV_FORCE, MockFinder, parse_forced
-from migrate.mock.plan import SCOPES, find_installed, load_plan, resolve, scope_of
+from migrate.mock.finder import ENV_DISABLE, MockFinder, find_installed, parse_forced
+from migrate.mock.plan import SCOPES, load_plan, resolve, scope_of
 from migrate.rules import rules_dir
 
 EPILOG = f"""\

@@ -18,7 +18,7 @@ import importlib.machinery
 import sys
 import types
 
-from migrate.mock.plan import SCOPES, Plan, find_installed, load_plan, resolve, scope_of
+from migrate.mock.plan import SCOPES, Plan, load_plan, resolve, scope_of
 
 ENV_DISABLE = "GLM_MOCK_DISABLE"  # kill switch: any value but "" and "0"
 ENV_FORCE = "GLM_MOCK_FORCE"  # comma-separated scopes whose stand-in beats a real install ("all")
@@ -107,6 +107,29 @@ def make_torch_portable(torch) -> None:
         raise ImportError(f"glm-mock: torch loaded, but shim.compat.install() failed: {exc!r}") from exc
 
 
+def find_real(name: str, path=None, target=None):
+    """The spec the import system would find for ``name`` without glm-mock (nothing is
+    imported), or None: what "the real package is installed" means here."""
+    for finder in sys.meta_path:
+        if isinstance(finder, MockFinder) or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+def find_installed(name: str):
+    """:func:`find_real` for a dotted name whose parents are not imported yet."""
+    spec, path, parts = None, None, name.split(".")
+    for i in range(len(parts)):
+        spec = find_real(".".join(parts[: i + 1]), path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
+
+
 class MockFinder(importlib.abc.MetaPathFinder):
     def __init__(self, forced=frozenset(), installed=find_installed):
         self.forced = frozenset(SCOPES) if "all" in forced else frozenset(forced)
@@ -133,14 +156,10 @@ class MockFinder(importlib.abc.MetaPathFinder):
         return None  # a mapped class or function, not a module: the usual "No module named" applies
 
     def _torch_spec(self, path, target):
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec("torch", path, target)
-            if spec is not None:
-                spec.loader = _ThenCall(spec.loader, make_torch_portable)
-                return spec
-        return None
+        spec = find_real("torch", path, target)
+        if spec is not None:
+            spec.loader = _ThenCall(spec.loader, make_torch_portable)
+        return spec
 
 
 def parse_forced(value: str, source: str = ENV_FORCE) -> frozenset[str]:

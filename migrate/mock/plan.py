@@ -9,7 +9,6 @@ here: the rest of torch (``torch.cuda``, ``.cuda()``...) is made portable by
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -119,16 +118,3 @@ def resolve(dotted: str):
             obj = getattr(obj, attr)
         return obj
     raise ModuleNotFoundError(f"glm-mock: cannot import any module of {dotted!r}")
-
-
-def find_installed(name: str):
-    """The spec of a real installed module ``name`` on sys.path (no import is run), or None."""
-    locations = None
-    spec = None
-    parts = name.split(".")
-    for i in range(len(parts)):
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), locations)
-        if spec is None:
-            return None
-        locations = spec.submodule_search_locations
-    return spec

@@ -1,0 +1,110 @@
+"""The migration report: per file each change and each site left alone, plus a summary.
+
+``migration_report.json``::
+
+    {"summary": {...},
+     "files": [{"path", "changes": [{"line", "code", "before", "after", "target"}],
+                "unconverted": [{"line", "code", "reason"}],
+                "kept": [{"line", "code", "reason"}], "error"}]}
+
+``changes`` whose ``before`` equals ``after`` are sites an import rewrite already
+moved onto shim (listed so the report is a coverage table); ``kept`` are
+constructs left as they are on purpose (``report`` rules, e.g. ``deepspeed.initialize``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class FileReport:
+    path: str
+    changes: list[dict] = field(default_factory=list)
+    unconverted: list[dict] = field(default_factory=list)
+    kept: list[dict] = field(default_factory=list)
+    error: str | None = None
+
+
+def summarize(files: list[FileReport], *, files_changed: int, seconds: float) -> dict:
+    changes = Counter(c["code"] for f in files for c in f.changes)
+    unconverted = Counter(u["code"] for f in files for u in f.unconverted)
+    done, left = sum(changes.values()), sum(unconverted.values())
+    return {
+        "files_scanned": len(files),
+        "files_changed": files_changed,
+        "changes": done,
+        "changes_by_rule": dict(sorted(changes.items())),
+        "unconverted": left,
+        "unconverted_by_rule": dict(sorted(unconverted.items())),
+        "kept": sum(len(f.kept) for f in files),
+        "conversion_rate": round(done / (done + left), 4) if done + left else 1.0,
+        "errors": sum(f.error is not None for f in files),
+        "seconds": round(seconds, 3),
+    }
+
+
+def to_json(summary: dict, files: list[FileReport]) -> str:
+    listed = [asdict(f) for f in files if f.changes or f.unconverted or f.kept or f.error]
+    return json.dumps({"summary": summary, "files": listed}, indent=2) + "\n"
+
+
+def _one_line(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.replace("|", "\\|")
+
+
+def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -> str:
+    """A human-readable report; ``notes`` maps rule codes to their notes."""
+    s = summary
+    out = [
+        "# Migration report",
+        "",
+        f"{s['files_scanned']} Python files scanned, {s['files_changed']} changed; "
+        f"{s['changes']} changes, {s['unconverted']} unconverted "
+        f"(conversion rate {s['conversion_rate']:.1%}), {s['kept']} kept on purpose, "
+        f"{s['errors']} errors, {s['seconds']:.2f} s.",
+        "",
+    ]
+    if s["changes_by_rule"] or s["unconverted_by_rule"]:
+        out += ["| rule | changes | unconverted | note |", "| --- | ---: | ---: | --- |"]
+        for code in sorted(set(s["changes_by_rule"]) | set(s["unconverted_by_rule"])):
+            out.append(f"| {code} | {s['changes_by_rule'].get(code, 0)} | "
+                       f"{s['unconverted_by_rule'].get(code, 0)} | {_one_line(notes.get(code, ''), 120)} |")
+        out.append("")
+    for f in files:
+        if f.error:
+            out += [f"## {f.path}", "", f"Not migrated (copied unchanged): {f.error}", ""]
+    for title, key in (("Unconverted", "unconverted"), ("Kept on purpose", "kept")):
+        rows = [(f.path, e) for f in files for e in getattr(f, key)]
+        if rows:
+            out += [f"## {title}", "", "| file | line | rule | reason |", "| --- | ---: | --- | --- |"]
+            out += [f"| {p} | {e['line']} | {e['code']} | {_one_line(e['reason'], 120)} |" for p, e in rows]
+            out.append("")
+    changed = [f for f in files if f.changes]
+    if changed:
+        out += ["## Changes", ""]
+        for f in changed:
+            out += [f"### {f.path}", "", "| line | rule | before | after |", "| ---: | --- | --- | --- |"]
+            for c in f.changes:
+                after = c["after"] if c["after"] != c["before"] else f"(unchanged text: now `{c['target']}`)"
+                out.append(f"| {c['line']} | {c['code']} | `{_one_line(c['before'])}` | "
+                           f"{'`' + _one_line(after) + '`' if c['after'] != c['before'] else after} |")
+            out.append("")
+    return "\n".join(out)
+
+
+def write(directory_or_path: Path, summary: dict, files: list[FileReport], notes: dict[str, str],
+          *, json_path: Path | None = None) -> tuple[Path, Path]:
+    """Write the JSON and Markdown reports; returns their paths."""
+    json_path = json_path or directory_or_path / "migration_report.json"
+    md_path = json_path.with_name("MIGRATION_REPORT.md") if json_path.name == "migration_report.json" \
+        else json_path.with_suffix(".md")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(to_json(summary, files), encoding="utf-8")
+    md_path.write_text(to_markdown(summary, files, notes), encoding="utf-8")
+    return json_path, md_path

@@ -1,0 +1,214 @@
+"""The rewrites themselves, as libcst transformations of one statement or one call.
+
+The planner (``migrate.codemod``) decides *what* changes; these functions
+take the exact source text of an import statement or a call, parse it with
+libcst, change it, and give the code back. Whitespace, comments and
+parentheses inside the statement or call survive as libcst keeps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+_EMPTY = cst.Module([])
+_NO_SPACE = cst.SimpleWhitespace("")
+_SPACE = cst.SimpleWhitespace(" ")
+
+
+def code(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def _dotted(name: str) -> cst.Name | cst.Attribute:
+    return cst.parse_expression(name)
+
+
+def _as_name(name: str) -> cst.AsName:
+    return cst.AsName(name=cst.Name(name), whitespace_before_as=_SPACE, whitespace_after_as=_SPACE)
+
+
+def _small_statement(text: str):
+    line = cst.parse_statement(text)
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        raise ValueError(f"not a single simple statement: {text!r}")
+    return line.body[0]
+
+
+# -- imports -----------------------------------------------------------------
+
+
+@dataclass
+class NewAlias:
+    """What one alias of an import statement becomes: its name, its ``as`` name, or removed."""
+
+    name: str
+    asname: str | None
+    removed: bool = False
+
+
+def rewrite_import(text: str, aliases: list[NewAlias], extra: list[str] = ()) -> str:
+    """``import a as b, c`` with each alias replaced as given; ``extra`` module names appended."""
+    node = _small_statement(text)
+    assert isinstance(node, cst.Import)
+    names = []
+    for old, new in zip(node.names, aliases):
+        if new.removed:
+            continue
+        asname = old.asname if new.asname and old.asname else (_as_name(new.asname) if new.asname else None)
+        names.append(old.with_changes(name=_dotted(new.name), asname=asname))
+    names += [cst.ImportAlias(name=_dotted(module)) for module in extra]
+    return code(node.with_changes(names=_fix_commas(names)))
+
+
+def rewrite_import_from(text: str, groups: list[tuple[str, list[NewAlias]]], joiner: str) -> str:
+    """``from m import a, b`` split into one statement per new module.
+
+    ``groups`` is ``[(module, aliases)]`` in order; the first reuses the original
+    statement (its parentheses and comments), the others are new statements joined by ``joiner``.
+    """
+    node = _small_statement(text)
+    assert isinstance(node, cst.ImportFrom)
+    statements = []
+    for i, (module, aliases) in enumerate(groups):
+        if isinstance(node.names, cst.ImportStar):
+            statements.append(node.with_changes(module=_dotted(module), relative=()))
+            continue
+        names = []
+        for new in aliases:
+            if new.removed:
+                continue
+            names.append(cst.ImportAlias(name=cst.Name(new.name), asname=_as_name(new.asname) if new.asname else None))
+        if i == 0:
+            names = _keep_formatting(list(node.names), aliases, names)
+            statements.append(node.with_changes(module=_dotted(module), relative=(), names=names))
+        else:
+            statements.append(cst.ImportFrom(module=_dotted(module), names=_fix_commas(names)))
+    return joiner.join(code(s) for s in statements)
+
+
+def _keep_formatting(old: list[cst.ImportAlias], aliases: list[NewAlias], new: list[cst.ImportAlias]):
+    """Reuse the original aliases' commas and whitespace where the first statement keeps them."""
+    if len(old) == len(aliases) and not any(a.removed for a in aliases):
+        return [o.with_changes(name=n.name, asname=o.asname if o.asname and n.asname else n.asname)
+                for o, n in zip(old, new)]
+    return _fix_commas(new)
+
+
+def _fix_commas(names: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
+    fixed = []
+    for i, name in enumerate(names):
+        last = i == len(names) - 1
+        if last and isinstance(name.comma, cst.Comma) and not _has_newline(name.comma):
+            name = name.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        elif not last and not isinstance(name.comma, cst.Comma):
+            name = name.with_changes(comma=cst.Comma(whitespace_after=_SPACE))
+        fixed.append(name)
+    return fixed
+
+
+def _has_newline(comma: cst.Comma) -> bool:
+    return isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+
+
+# -- calls -------------------------------------------------------------------
+
+
+@dataclass
+class ArgEdits:
+    """Argument edits from a rule's ``args`` table."""
+
+    signature: tuple[str, ...] = ()
+    rename: dict[str, str] = field(default_factory=dict)
+    drop: frozenset[str] = frozenset()
+    strip_methods: frozenset[str] = frozenset()
+    add: dict[str, str] = field(default_factory=dict)  # keyword -> expression, already spelled
+
+    @classmethod
+    def from_rule(cls, args: dict, add: dict[str, str] | None = None) -> "ArgEdits":
+        return cls(
+            signature=tuple(args.get("signature", ())),
+            rename=dict(args.get("rename", {})),
+            drop=frozenset(args.get("drop", ())),
+            strip_methods=frozenset(args.get("strip_methods", ())),
+            add=add or {},
+        )
+
+
+def rewrite_call(text: str, edits: ArgEdits, *, func: str | None = None, method: str | None = None,
+                 first: str | None = None) -> str:
+    """Rewrite the call ``text``: a new callee (``func``) or method name (``method``),
+    ``first`` inserted as the first positional argument, then ``edits`` applied."""
+    call = cst.parse_expression(text)
+    if not isinstance(call, cst.Call):
+        raise ValueError(f"not a call: {text!r}")
+    callee = call.func
+    if func is not None:
+        callee = _dotted(func).with_changes(lpar=callee.lpar, rpar=callee.rpar)
+    if method is not None:
+        callee = callee.with_changes(attr=cst.Name(method))
+    args = _edit_args(list(call.args), edits, shifted=first is not None)
+    if first is not None:
+        args.insert(0, cst.Arg(cst.parse_expression(first)))
+    present = {a.keyword.value for a in args if a.keyword is not None}
+    args += [_keyword(k, v) for k, v in edits.add.items() if k not in present]
+    return code(call.with_changes(func=callee, args=_arg_commas(args, call.args)))
+
+
+def _edit_args(args: list[cst.Arg], edits: ArgEdits, shifted: bool) -> list[cst.Arg]:
+    kept: list[cst.Arg] = []
+    position, positional_ok = 0, not shifted
+    for arg in args:
+        if arg.star:  # *args/**kwargs: positions after it are unknown
+            kept.append(arg)
+            positional_ok, position = False, len(edits.signature)
+            continue
+        if arg.keyword is None:
+            param = edits.signature[position] if position < len(edits.signature) else None
+            if position == 0 and edits.strip_methods:
+                arg = arg.with_changes(value=_strip(arg.value, edits.strip_methods))
+            position += 1
+        else:
+            param = arg.keyword.value
+        if param in edits.drop:
+            positional_ok = False
+            continue
+        new = edits.rename.get(param, param) if param else None
+        if arg.keyword is not None:
+            if new != param:
+                arg = arg.with_changes(keyword=cst.Name(new))
+        elif new is not None and (not positional_ok or new != param):
+            # an earlier argument left, so positions no longer line up: name it
+            arg = _keyword(new, arg.value).with_changes(comma=arg.comma)
+            positional_ok = False
+        kept.append(arg)
+    return kept
+
+
+def _strip(value: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:
+    """``x.contiguous().float()`` -> ``x`` for methods in ``methods`` called without arguments."""
+    while (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
+           and value.func.attr.value in methods):
+        value = value.func.value
+    return value
+
+
+def _keyword(name: str, value: str | cst.BaseExpression) -> cst.Arg:
+    if isinstance(value, str):
+        value = cst.parse_expression(value)
+    return cst.Arg(value=value, keyword=cst.Name(name),
+                   equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
+
+
+def _arg_commas(args: list[cst.Arg], original) -> list[cst.Arg]:
+    """Commas between arguments; the last keeps the original last argument's (trailing comma or none)."""
+    last_comma = original[-1].comma if original else cst.MaybeSentinel.DEFAULT
+    fixed = []
+    for i, arg in enumerate(args):
+        if i == len(args) - 1:
+            arg = arg.with_changes(comma=last_comma)
+        elif not isinstance(arg.comma, cst.Comma) or arg.comma is last_comma and len(args) > len(original):
+            arg = arg.with_changes(comma=cst.Comma(whitespace_after=_SPACE))
+        fixed.append(arg)
+    return fixed
