@@ -152,7 +152,9 @@ class MockFinder(importlib.abc.MetaPathFinder):
         if fullname in plan.modules:
             return importlib.machinery.ModuleSpec(fullname, StandInLoader(plan), is_package=True)
         if plan.lookup(fullname).kind == "not covered":
-            raise ModuleNotFoundError(plan.not_covered_message(fullname), name=fullname)
+            # No name= : `from apex.optimizers import X` would otherwise swallow this and
+            # say only "cannot import name".
+            raise ModuleNotFoundError(plan.not_covered_message(fullname))
         return None  # a mapped class or function, not a module: the usual "No module named" applies
 
     def _torch_spec(self, path, target):

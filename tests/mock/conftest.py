@@ -1,0 +1,62 @@
+"""Helpers for the glm-mock tests: run a fixture in a fresh interpreter, with or without the mock."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migrate.mock import environ as mock_env
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SCOPE_VARS = ("PYTHONPATH", mock_env.ENV_ACTIVE, mock_env.ENV_SAVED, "GLM_MOCK_FORCE", "GLM_MOCK_DISABLE")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment minus anything glm-mock reads, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in SCOPE_VARS}
+    env.update(OMP_NUM_THREADS="1", PORT=str(free_port()), **extra)
+    return env
+
+
+def mocked_env(force: str = "", **extra: str) -> dict[str, str]:
+    env = clean_env(**extra)
+    return mock_env.apply(env, mock_env.enable_changes(env, force))
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 180):
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def run_fixture(name: str, env: dict[str, str], *args: str, launcher: tuple[str, ...] = ()):
+    return run([sys.executable, *launcher, str(FIXTURES / name), *args], env, cwd=FIXTURES)
+
+
+def _mockable(name: str) -> bool:
+    return name.split(".")[0] in ("apex", "amp_C", "deepspeed") or name == "torch._six"
+
+
+@pytest.fixture
+def in_process_mock():
+    """An in-process finder test sees no apex/deepspeed modules imported before it, and
+    leaves sys.meta_path and sys.modules as it found them. torch is imported first so
+    the finder's torch hook (shim.compat.install) never fires inside the test process."""
+    import torch  # noqa: F401
+
+    meta_path = list(sys.meta_path)
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _mockable(name)}
+    yield
+    sys.meta_path[:] = meta_path
+    for name in [n for n in sys.modules if _mockable(n)]:
+        del sys.modules[name]
+    sys.modules.update(saved)
