@@ -1,0 +1,130 @@
+"""Tensor-parallel layers (LiBai's ``Linear1D`` / Megatron's ``VocabParallelEmbedding``) on DTensor.
+
+A layer is built whole on every rank, then ``parallelize_module`` shards its
+weight over the tensor-parallel dim of the layer's placement
+(``shim.distributed.get_layer_placement(layer_idx)["tp"]``), scattering rank 0's
+values. Inputs and outputs stay plain local tensors, so these layers drop into
+ordinary modules:
+
+=============  ===================  ==============  ===============  =================
+``parallel``   torch style          weight          input            output
+=============  ===================  ==============  ===============  =================
+``"col"``      ``ColwiseParallel``  ``Shard(0)``    whole            this rank's slice
+                                                                     (whole with
+                                                                     ``gather_output``)
+``"row"``      ``RowwiseParallel``  ``Shard(1)``    this rank's      whole (summed)
+                                                    slice (whole if
+                                                    not ``input_is_parallel``)
+``"data"``     none                 whole           whole            whole
+=============  ===================  ==============  ===============  =================
+
+With a tensor-parallel size of 1 the layers stay plain ``nn.Linear`` / ``nn.Embedding``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from shim.distributed.layout import ensure_divisible, get_dist_util, get_layer_placement
+
+__all__ = ["Linear1D", "VocabParallelEmbedding"]
+
+_PARALLEL_MODES = ("col", "row", "data")
+
+
+def _tensor_parallel_mesh(layer_idx: int):
+    return get_layer_placement(layer_idx)["tp"]
+
+
+class Linear1D(nn.Linear):
+    """``nn.Linear`` split over the tensor-parallel ranks by columns (``"col"``) or rows (``"row"``).
+
+    ``init_method`` (optional) initialises the whole weight before it is split,
+    and the bias is then zeroed, as Megatron does; otherwise ``nn.Linear``'s
+    initialisation is kept.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        parallel: str = "data",
+        layer_idx: int = 0,
+        *,
+        gather_output: bool = False,
+        input_is_parallel: bool = True,
+        init_method: Callable[[torch.Tensor], object] | None = None,
+        device=None,
+        dtype=None,
+    ):
+        if parallel not in _PARALLEL_MODES:
+            raise ValueError(f"Linear1D parallel={parallel!r}: expected one of {_PARALLEL_MODES}")
+        tp_size = get_dist_util().tensor_parallel_size
+        if parallel == "col":
+            ensure_divisible(out_features, tp_size, "Linear1D(parallel='col') out_features", "tensor_parallel_size")
+        elif parallel == "row":
+            ensure_divisible(in_features, tp_size, "Linear1D(parallel='row') in_features", "tensor_parallel_size")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.parallel, self.layer_idx = parallel, layer_idx
+        if init_method is not None:
+            with torch.no_grad():
+                init_method(self.weight)
+                if self.bias is not None:
+                    self.bias.zero_()
+        if parallel == "data" or tp_size == 1:
+            return
+        if parallel == "col":
+            style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
+        else:
+            style = RowwiseParallel(input_layouts=Shard(-1) if input_is_parallel else Replicate())
+        parallelize_module(self, _tensor_parallel_mesh(layer_idx), style)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}"
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose vocabulary is split over the tensor-parallel ranks.
+
+    Each rank looks up the ids in its own vocab slice; the partial embeddings are
+    summed, so every rank gets the whole output (torch's ``RowwiseParallel`` on
+    an embedding). ``init_method`` initialises the whole table before the split.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        layer_idx: int = 0,
+        init_method: Callable[[torch.Tensor], object] | None = None,
+        device=None,
+        dtype=None,
+    ):
+        tp_size = get_dist_util().tensor_parallel_size
+        ensure_divisible(num_embeddings, tp_size, "VocabParallelEmbedding num_embeddings", "tensor_parallel_size")
+        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        self.layer_idx = layer_idx
+        if init_method is not None:
+            with torch.no_grad():
+                init_method(self.weight)
+        if tp_size > 1:
+            parallelize_module(
+                self,
+                _tensor_parallel_mesh(layer_idx),
+                RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            )
+            _keep_grad_layout(self.weight)
+
+
+def _keep_grad_layout(param: DTensor) -> None:
+    # DTensor's embedding backward returns a Replicate gradient for a Shard(0)
+    # table; slicing it back (no communication) keeps one vocab slice per rank,
+    # the layout optimizers, FSDP and gradient clipping expect.
+    param.register_hook(lambda grad: grad.redistribute(grad.device_mesh, param.placements))
