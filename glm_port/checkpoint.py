@@ -1,0 +1,205 @@
+"""Checkpoints in upstream GLM's layout, written atomically, resumed exactly.
+
+Layout (as upstream's ``save_checkpoint``)::
+
+    SAVE/latest_checkpointed_iteration.txt      "20"
+    SAVE/20/mp_rank_00_model_states.pt           one file per tensor-parallel rank
+
+Each file is a dict with ``'module'`` (the model's state dict, upstream's key names), ``'iteration'``,
+``'optimizer'``, ``'lr_scheduler'`` and the RNG states under upstream's keys, plus ``'glm_config'``
+(the architecture, checked on load) and ``'grad_scaler'``. Upstream checkpoints and Hugging Face GLM
+weights load as well.
+
+A save goes to a hidden temporary directory that is renamed into place, and the tracker file is
+replaced last, so an interrupted save leaves the previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+import shim as torch
+import shim.distributed as dist
+from glm_port.config import GLMConfig
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable or made for another model."""
+
+
+def model_file_name(tp_rank: int = 0) -> str:
+    return f"mp_rank_{tp_rank:02d}_model_states.pt"
+
+
+def _rng_states() -> dict:
+    np_state = np.random.get_state()
+    states = {
+        "random_rng_state": random.getstate(),
+        # numpy's state as plain values + a tensor, so the file loads with weights_only=True
+        "np_rng_state": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+        "torch_rng_state": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _set_rng_states(sd: dict) -> None:
+    random.setstate(sd["random_rng_state"])
+    name, keys, *rest = sd["np_rng_state"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(sd["torch_rng_state"])
+    if "cuda_rng_state" in sd and torch.cuda.is_available():
+        torch.cuda.set_rng_state(sd["cuda_rng_state"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config: GLMConfig, optimizer=None,
+                    scheduler=None, grad_scaler=None, save_rng: bool = True, tp_rank: int = 0,
+                    writer: bool = True) -> Path:
+    """Write ``SAVE/<iteration>/mp_rank_XX_model_states.pt`` atomically and point the tracker at it.
+
+    Collective when a process group is up: every rank calls it; ranks with ``writer`` (data-parallel
+    rank 0 of each tensor-parallel rank) write their file, global rank 0 publishes.
+    """
+    save_dir = Path(save_dir)
+    final = save_dir / str(iteration)
+    staging = save_dir / f".tmp-{iteration}"
+    if dist.get_rank() == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted save
+        staging.mkdir()
+    dist.barrier()
+    if writer:
+        sd = {"iteration": iteration, "module": model_state, "glm_config": config.to_dict()}
+        if optimizer is not None:
+            sd["optimizer"] = optimizer.state_dict()
+        if scheduler is not None:
+            sd["lr_scheduler"] = scheduler.state_dict()
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            sd["grad_scaler"] = grad_scaler.state_dict()
+        if save_rng:
+            sd.update(_rng_states())
+            if _tracker() is not None:
+                sd["rng_tracker_states"] = _tracker().get_states()
+        path = staging / model_file_name(tp_rank)
+        with open(path, "wb") as f:
+            torch.save(sd, f)
+            f.flush()
+            os.fsync(f.fileno())
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _fsync_dir(staging)
+        previous = save_dir / f".old-{iteration}"
+        if final.exists():  # saving the same iteration again: swap, then drop the old copy
+            os.replace(final, previous)
+        os.replace(staging, final)
+        shutil.rmtree(previous, ignore_errors=True)
+        tracker_tmp = save_dir / f".{TRACKER}.tmp"
+        tracker_tmp.write_text(str(iteration))
+        os.replace(tracker_tmp, save_dir / TRACKER)
+        _fsync_dir(save_dir)
+    dist.barrier()
+    return final
+
+
+def _tracker():
+    """The model-parallel RNG tracker, when shim's checkpointing provides one."""
+    checkpointing = getattr(torch, "checkpointing", None)
+    return checkpointing.get_cuda_rng_tracker() if checkpointing is not None else None
+
+
+def find_checkpoint(load: str | os.PathLike, tp_rank: int = 0) -> Path:
+    """The model file ``--load`` refers to: a directory with a tracker, an iteration directory, or a file."""
+    load = Path(load)
+    if not load.exists():
+        raise CheckpointError(f"--load {load}: no such file or directory")
+    if load.is_file():
+        return load
+    tracker = load / TRACKER
+    directory = load / tracker.read_text().strip() if tracker.is_file() else load
+    path = directory / model_file_name(tp_rank)
+    if not path.is_file():
+        raise CheckpointError(f"--load {load}: no checkpoint there ({path} not found)")
+    return path
+
+
+def read_checkpoint(path: Path) -> dict:
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            if "Weights only load failed" not in str(error):
+                raise
+            # Upstream's files pickle numpy RNG state; like upstream, a checkpoint you load is trusted.
+            return torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, OSError, RuntimeError, EOFError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
+
+
+def model_weights(checkpoint: dict) -> dict:
+    """The model state dict inside a checkpoint: upstream's ``'module'``, or the dict itself (HF weights)."""
+    weights = checkpoint.get("module", checkpoint)
+    if not isinstance(weights, dict) or not any(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError("the checkpoint holds no model weights ('module' missing)")
+    return weights
+
+
+def check_fits(weights: dict, model_state: dict, source) -> None:
+    """One-line error when ``weights`` were made for another architecture than ``model_state``."""
+    prefix = "glm."
+    names = {k[len(prefix):] if k.startswith(prefix) else k for k in weights}
+    shapes = {(k[len(prefix):] if k.startswith(prefix) else k): tuple(v.shape) for k, v in weights.items()}
+    missing = [k for k in model_state if k not in names]
+    if missing:
+        raise CheckpointError(
+            f"{source} does not fit this model: it lacks {len(missing)} of the model's weights, e.g. {missing[0]}"
+        )
+    for key, value in model_state.items():
+        if shapes[key] != tuple(value.shape):
+            raise CheckpointError(
+                f"{source} does not fit this model: {key} is {list(shapes[key])} there, "
+                f"{list(value.shape)} here"
+            )
+
+
+def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=None, grad_scaler=None,
+                    load_optimizer: bool = True, load_rng: bool = True) -> int:
+    """Load ``--load`` into ``model`` (and the training state when present); returns the iteration."""
+    path = find_checkpoint(load, tp_rank)
+    sd = read_checkpoint(path)
+    weights = model_weights(sd)
+    target = model.state_dict()
+    check_fits(weights, target, path)
+    model.load_state_dict(weights, strict=False)  # extra keys (e.g. an HF head) are not ours to load
+    if "glm_config" not in sd:
+        # Upstream's or Hugging Face's file: its optimizer state is apex's/DeepSpeed's, so take the
+        # weights and start a new run from them.
+        return 0
+    if load_optimizer and optimizer is not None and "optimizer" in sd:
+        optimizer.load_state_dict(sd["optimizer"])
+        if scheduler is not None and "lr_scheduler" in sd:
+            scheduler.load_state_dict(sd["lr_scheduler"])
+        if grad_scaler is not None and "grad_scaler" in sd:
+            grad_scaler.load_state_dict(sd["grad_scaler"])
+    if load_rng and "torch_rng_state" in sd:
+        _set_rng_states(sd)
+        if "rng_tracker_states" in sd and _tracker() is not None:
+            _tracker().set_states(sd["rng_tracker_states"])
+    return int(sd.get("iteration", 0))
