@@ -365,9 +365,9 @@ class _FileMigration:
                 codes.setdefault(rule.code, None)
             if seen_at_top is not None:
                 key = (aliases[-1].name, aliases[-1].asname)
-                if key in seen_at_top and new != binding.source:
+                if key in seen_at_top and (alias.name, alias.asname) not in seen_at_top:
                     aliases[-1].removed = True  # `import torch.distributed` and `import torch` both became this
-                seen_at_top.add(key)
+                seen_at_top.update({key, (alias.name, alias.asname)})
         if not codes:
             return None
         if all(a.removed for a in aliases) and not extra:

@@ -98,13 +98,6 @@ def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -
     return "\n".join(out)
 
 
-def write(directory_or_path: Path, summary: dict, files: list[FileReport], notes: dict[str, str],
-          *, json_path: Path | None = None) -> tuple[Path, Path]:
-    """Write the JSON and Markdown reports; returns their paths."""
-    json_path = json_path or directory_or_path / "migration_report.json"
-    md_path = json_path.with_name("MIGRATION_REPORT.md") if json_path.name == "migration_report.json" \
-        else json_path.with_suffix(".md")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(to_json(summary, files), encoding="utf-8")
-    md_path.write_text(to_markdown(summary, files, notes), encoding="utf-8")
-    return json_path, md_path
+def report_paths(json_path: Path) -> tuple[Path, Path]:
+    """Where the JSON and Markdown reports go: ``--report PATH`` puts the Markdown beside it as ``.md``."""
+    return json_path, json_path.with_suffix(".md")

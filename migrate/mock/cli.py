@@ -78,8 +78,8 @@ def _cuda_line() -> str:
     import torch
 
     if torch.cuda.is_available():
-        return "CUDA present: torch is left as it is"
-    return "no CUDA: shim.compat.install() runs when torch is imported (.cuda(), 'cuda' devices -> CPU)"
+        return "CUDA present: shim.compat.install() adds only torch._six when torch is imported"
+    return "no CUDA: shim.compat.install() runs when torch is imported (torch.cuda, .cuda(), 'cuda' devices, nccl -> CPU/gloo)"
 
 
 def _backing(redirect) -> str:

@@ -6,8 +6,9 @@
   (``apex``, ``deepspeed``, ``torch._six``...) unless the real package is
   installed and not forced; their attributes come from the rule tables;
 - refuses submodules no rule covers with a ModuleNotFoundError that says so;
-- applies ``shim.compat.install()`` to torch right after torch is imported, when
-  CUDA is absent, so processes that never import torch pay nothing.
+- applies ``shim.compat.install()`` to torch right after torch is imported (on a
+  machine without CUDA that maps ``torch.cuda``, ``.cuda()`` and 'cuda' devices to
+  the CPU), so processes that never import torch pay nothing.
 """
 
 from __future__ import annotations
@@ -96,9 +97,8 @@ class _ThenCall(importlib.abc.Loader):
 
 
 def make_torch_portable(torch) -> None:
-    """Apply shim.compat to torch itself when there is no CUDA device to run on."""
-    if torch.cuda.is_available():
-        return
+    """Apply shim.compat to torch itself; shim.compat decides what a machine with CUDA needs
+    (only ``torch._six``) and what one without needs (``torch.cuda``, 'cuda' devices, nccl...)."""
     try:
         import shim.compat
 

@@ -1,0 +1,78 @@
+"""``glm-migrate``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from migrate.rules import RuleError
+from migrate.runner import MigrateError, Options, run
+
+DESCRIPTION = """\
+Rewrite a GLM-era (Megatron / DeepSpeed / apex) source tree onto shim, today's
+PyTorch plus portable stand-ins: torch imports become shim, apex fused optimizers
+and layer norm become shim's, DeepSpeed activation checkpointing, torch.distributed,
+torch.cuda, .cuda() and removed APIs (torch._six, memory_cached, np.long) are
+rewritten, and mpu.vocab_parallel_cross_entropy becomes the fused cross-entropy.
+The mappings are the tables in rules/*.toml (see docs/rules.md).
+
+Writes DST/migration_report.json and DST/MIGRATION_REPORT.md: every change, every
+construct left unconverted (with its line and why), and a summary."""
+
+EPILOG = """\
+exit status: 0 done, 1 --check found something to change, 2 usage or I/O error.
+examples:
+  glm-migrate GLM -o GLM-shim            migrate a tree into a new directory
+  glm-migrate GLM --diff --select APX    show what the apex rules would change
+  glm-migrate GLM-shim --check           exit 1 if anything is left to migrate"""
+
+
+def _codes(text: str) -> set[str]:
+    return {code.strip().upper() for code in text.split(",") if code.strip()}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="glm-migrate", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", type=Path, metavar="SRC", help="source tree (or one .py file) to migrate")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("-o", "--output", type=Path, metavar="DST", help="write the migrated tree here")
+    out.add_argument("--in-place", action="store_true", help="rewrite the files under SRC")
+    p.add_argument("--diff", action="store_true", help="print a unified diff and write nothing")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if anything would change (for CI)")
+    p.add_argument("-j", "--jobs", type=int, default=0, metavar="N",
+                   help="worker processes (default: one per core)")
+    p.add_argument("--select", type=_codes, metavar="CODES",
+                   help="only these rules: comma-separated codes or families (APX001, DSC, ...)")
+    p.add_argument("--ignore", type=_codes, default=set(), metavar="CODES",
+                   help="skip these rules: comma-separated codes or families")
+    p.add_argument("--report", type=Path, metavar="PATH",
+                   help="write the JSON report here (and the Markdown one beside it as .md)")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if not (args.output or args.in_place or args.diff or args.check):
+        p.error("say where the result goes: -o DST or --in-place (or --diff / --check to write nothing)")
+    if args.jobs < 0:
+        p.error("-j must be 0 (one per core) or more")
+    options = Options(
+        src=args.src, dst=args.output, in_place=args.in_place, diff=args.diff, check=args.check,
+        jobs=args.jobs, select=args.select, ignore=frozenset(args.ignore), report=args.report,
+        quiet=args.quiet, force=args.force,
+    )
+    try:
+        return run(options)
+    except (MigrateError, RuleError) as exc:
+        print(f"glm-migrate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
