@@ -1,0 +1,174 @@
+"""Training corpora: text files read into documents, tokenized once (with progress) and cached.
+
+A corpus file is JSON lines (``.json`` / ``.jsonl``: one object per line, the document in ``text_key``,
+upstream's ``"text"``, after an optional ``"prompt"``) or plain text (documents separated by blank lines).
+Token ids are cached next to the file as ``<file>.<tokenizer fingerprint>-<key>.glmcache.npz``, written
+atomically; a cache is used only while the file's size and mtime (or, if those moved, its content hash) and
+the tokenizer are unchanged. When the data's directory is read-only the cache goes to
+``$XDG_CACHE_HOME/glm-migrate/corpus`` (default ``~/.cache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from glm_port.data.default_corpus import CORPUS_FILE
+from glm_port.data.tokenization import GLMTokenizer
+
+JSON_SUFFIXES = (".json", ".jsonl")
+_ENCODE_CHUNK = 512  # documents per encode_batch call: large enough for tokenizers' threads, small for tqdm
+
+
+@dataclass(frozen=True)
+class TokenizedCorpus:
+    """Documents as one flat id array: document ``i`` is ``ids[offsets[i]:offsets[i + 1]]``."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]: self.offsets[i + 1]]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Sequence[int]]) -> TokenizedCorpus:
+        lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+        ids = np.fromiter((t for d in documents for t in d), dtype=np.int32, count=int(lengths.sum()))
+        return cls(ids, np.concatenate(([0], np.cumsum(lengths))))
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[TokenizedCorpus]) -> TokenizedCorpus:
+        starts = np.cumsum([0] + [p.num_tokens for p in parts])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
+        return cls(np.concatenate([p.ids for p in parts]), offsets)
+
+
+def read_documents(path: str | Path, text_key: str = "text", prompt_key: str = "prompt") -> Iterator[str]:
+    """The documents of one corpus file, in file order (empty ones skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training data not found: {path}")
+    with path.open(encoding="utf-8") as f:
+        if path.suffix not in JSON_SUFFIXES:
+            yield from (doc.strip() for doc in f.read().split("\n\n") if doc.strip())
+            return
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not a JSON line ({e.msg})") from None
+            if not isinstance(record, dict) or text_key not in record:
+                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(f"{path}:{line_no}: no {text_key!r} field (has: {keys}); choose text_key")
+            text = str(record.get(prompt_key) or "") + str(record[text_key])
+            if text.strip():
+                yield text
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cache_dirs(path: Path) -> list[Path]:
+    fallback = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm-migrate" / "corpus"
+    if path.resolve() == CORPUS_FILE.resolve():  # never litter the installed package
+        return [fallback]
+    return [path.parent, fallback]
+
+
+def cache_name(path: Path, tokenizer: GLMTokenizer, text_key: str, prompt_key: str) -> str:
+    key = hashlib.sha256(f"{path.resolve()}\0{text_key}\0{prompt_key}".encode()).hexdigest()[:8]
+    return f"{path.name}.{tokenizer.fingerprint}-{key}.glmcache.npz"
+
+
+def _load_cache(file: Path, stat: os.stat_result, path: Path) -> TokenizedCorpus | None:
+    try:
+        with np.load(file) as cache:
+            size, mtime = (int(v) for v in cache["stat"])
+            if size != stat.st_size or (mtime != stat.st_mtime_ns and str(cache["sha256"]) != _file_sha256(path)):
+                return None
+            return TokenizedCorpus(cache["ids"], cache["offsets"])
+    except (OSError, ValueError, KeyError):  # missing, truncated or foreign file: rebuild it
+        return None
+
+
+def _write_cache(directory: Path, name: str, corpus: TokenizedCorpus, stat: os.stat_result, path: Path) -> bool:
+    """Write atomically (temp file + rename); False when ``directory`` is not writable."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, ids=corpus.ids, offsets=corpus.offsets, stat=np.array([stat.st_size, stat.st_mtime_ns]),
+                     sha256=np.array(_file_sha256(path)))
+        os.replace(tmp, directory / name)
+        return True
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False
+
+
+def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = "text",
+                  prompt_key: str = "prompt", cache: bool = True, progress: bool = True) -> TokenizedCorpus:
+    """The token ids of every document in ``path``, from the cache when it is still valid."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training data not found: {path}")
+    stat = path.stat()
+    name = cache_name(path, tokenizer, text_key, prompt_key)
+    if cache:
+        for directory in _cache_dirs(path):
+            cached = _load_cache(directory / name, stat, path)
+            if cached is not None:
+                return cached
+    documents = list(read_documents(path, text_key, prompt_key))
+    if not documents:
+        raise ValueError(f"{path}: no text in this corpus (empty file or only blank documents)")
+    ids: list[list[int]] = []
+    with tqdm(total=len(documents), desc=f"tokenizing {path.name}", unit="doc", disable=not progress) as bar:
+        for i in range(0, len(documents), _ENCODE_CHUNK):
+            chunk = tokenizer.encode_batch(documents[i: i + _ENCODE_CHUNK])
+            ids.extend(chunk)
+            bar.update(len(chunk))
+    corpus = TokenizedCorpus.from_documents([d for d in ids if d])
+    if cache:
+        any(_write_cache(directory, name, corpus, stat, path) for directory in _cache_dirs(path))
+    return corpus
+
+
+def load_corpus(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMTokenizer, *,
+                text_key: str = "text", prompt_key: str = "prompt", cache: bool = True,
+                progress: bool = True) -> TokenizedCorpus:
+    """All documents of ``paths`` (files in order), or of the embedded tiny corpus when ``paths`` is None."""
+    if paths is None:
+        paths = [CORPUS_FILE]
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
+    if not paths:
+        raise ValueError("no training data paths given")
+    parts = [tokenize_file(p, tokenizer, text_key=text_key, prompt_key=prompt_key, cache=cache, progress=progress)
+             for p in paths]
+    return TokenizedCorpus.concatenate(parts)
