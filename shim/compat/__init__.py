@@ -1,0 +1,118 @@
+"""``shim.compat``: shim's portability applied to torch itself, for code that still says ``torch.cuda``.
+
+``install()`` patches torch in place, ``uninstall()`` puts back every patched attribute exactly (the
+very objects, or their absence), and both are idempotent. When the active device
+(``shim.device()``) is not CUDA, install makes these work:
+
+- ``torch.cuda.*`` as in ``shim.cuda`` (``FloatTensor``, ``set_device``, ``manual_seed``,
+  ``get_rng_state``, ``_lazy_call``, ``Stream``, memory counters...; ``is_available()`` stays honest);
+- ``Tensor.cuda()`` / ``Module.cuda()`` and CUDA devices (``'cuda'``, ``torch.device('cuda', i)``, the
+  int ``torch.cuda.current_device()``) given to factories, ``.to()`` and ``Tensor.new_*``: they
+  land on the active device (see ``shim.compat.devices``);
+- ``init_process_group`` / ``new_group`` with ``backend='nccl'``: gloo;
+- ``DistributedDataParallel(module, device_ids=[i], output_device=i)`` on a CPU module: the ids are dropped.
+
+Always (torch 2 removed it): ``torch._six`` is ``shim.compat.six``, as attribute and importable module.
+
+On a CUDA device only ``torch._six`` is installed: everything else already works there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import torch
+import torch.distributed
+import torch.distributed.distributed_c10d
+import torch.nn.parallel
+
+from shim._device import active_device
+from shim.compat import cudaless, devices, distributed, six
+
+_ABSENT = object()
+_lock = threading.Lock()
+_saved: list[tuple[object, str, object]] | None = None  # (owner, name, original), in install order
+
+
+def _patches() -> list[tuple[object, str, object]]:
+    """(owner, name, replacement) for everything install() changes; owner is a module, class or dict."""
+    patches: list[tuple[object, str, object]] = [(torch, "_six", six), (sys.modules, "torch._six", six)]
+    if active_device().type == "cuda":
+        return patches
+    patches += [(torch.cuda, name, getattr(cudaless, name)) for name in cudaless.__all__]
+    patches += [(torch, name, devices.device_kwarg_mapped(getattr(torch, name))) for name in devices.factory_names()]
+    patches += [(torch.Tensor, name, devices.device_kwarg_mapped(getattr(torch.Tensor, name))) for name in devices.TENSOR_METHODS]
+    patches += [
+        (torch.Tensor, "to", devices.to_mapped(torch.Tensor.to)),
+        (torch.nn.Module, "to", devices.to_mapped(torch.nn.Module.to)),
+        (torch.Tensor, "cuda", devices.tensor_cuda),
+        (torch.nn.Module, "cuda", devices.module_cuda),
+    ]
+    c10d = torch.distributed.distributed_c10d
+    for owner in (torch.distributed, c10d):
+        patches.append((owner, "init_process_group", distributed.nccl_as_gloo(c10d.init_process_group, position=0)))
+        patches.append((owner, "new_group", distributed.nccl_as_gloo(c10d.new_group, position=2)))
+    ddp = torch.nn.parallel.DistributedDataParallel
+    patches.append((ddp, "__init__", distributed.ddp_init_without_gpu_ids(ddp.__init__)))
+    return patches
+
+
+def _namespace(owner) -> dict:
+    return owner if isinstance(owner, dict) else vars(owner)
+
+
+def _put(owner, name: str, value) -> None:
+    """Set, or delete when ``value`` is _ABSENT, without going through descriptors on read."""
+    if isinstance(owner, dict):
+        if value is _ABSENT:
+            owner.pop(name, None)
+        else:
+            owner[name] = value
+    elif value is _ABSENT:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, value)
+
+
+def install() -> None:
+    """Make CUDA-era torch calls run on the active device (see module docstring). Idempotent."""
+    global _saved
+    with _lock:
+        if _saved is not None:
+            return
+        patches = _patches()
+        _saved = [(owner, name, _namespace(owner).get(name, _ABSENT)) for owner, name, _ in patches]
+        for owner, name, value in patches:
+            _put(owner, name, value)
+
+
+def uninstall() -> None:
+    """Put back every attribute install() changed, exactly as it was. Idempotent."""
+    global _saved
+    with _lock:
+        if _saved is None:
+            return
+        for owner, name, original in reversed(_saved):
+            _put(owner, name, original)
+        _saved = None
+
+
+def is_installed() -> bool:
+    return _saved is not None
+
+
+@contextlib.contextmanager
+def installed():
+    """``with shim.compat.installed():`` install for the block, then leave torch as it was."""
+    was_installed = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            uninstall()
+
+
+__all__ = ["install", "uninstall", "is_installed", "installed", "six"]
