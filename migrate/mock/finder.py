@@ -113,7 +113,10 @@ def find_real(name: str, path=None, target=None):
     for finder in sys.meta_path:
         if isinstance(finder, MockFinder) or not hasattr(finder, "find_spec"):
             continue
-        spec = finder.find_spec(name, path, target)
+        try:
+            spec = finder.find_spec(name, path, target)
+        except ImportError:  # a finder that refuses the name: importing it would fail
+            return None
         if spec is not None:
             return spec
     return None

@@ -1,0 +1,47 @@
+"""The glm-mock command: shell code, run, and the --list dry run."""
+
+import sys
+
+import pytest
+
+from migrate.mock import cli
+from migrate.mock.environ import SITE_DIR
+
+from .conftest import clean_env, run
+
+
+def test_default_command_is_enable(capsys, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("GLM_MOCK_ACTIVE", raising=False)
+    assert cli.main([]) == 0
+    assert f"export PYTHONPATH={SITE_DIR};" in capsys.readouterr().out.splitlines()
+
+
+def test_list_shows_backing_per_name_and_respects_installed_and_force(capsys):
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "deepspeed   real package wins:" in out  # installed here
+    row = next(line for line in out.splitlines() if " apex.optimizers.FusedAdam " in line)
+    assert row.split()[:3] == ["APX001", "apex.optimizers.FusedAdam", "shim.optim.FusedAdam"]
+    assert "not covered: apex.amp has no shim equivalent" in out
+    assert cli.main(["list", "--force", "deepspeed"]) == 0
+    assert "deepspeed   stand-in, forced over the installed" in capsys.readouterr().out
+
+
+def test_bad_force_is_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["enable", "--force", "apx"])
+    assert exc.value.code == 2
+    assert "--force: unknown package(s) ['apx']" in capsys.readouterr().err
+
+
+def test_run_passes_the_mock_and_the_exit_code_through():
+    code = "import sys, apex; sys.exit(7 if type(apex).__name__ == 'StandIn' else 1)"
+    proc = run(["glm-mock", "run", "--", sys.executable, "-c", code], clean_env())
+    assert proc.returncode == 7, proc.stderr
+
+
+def test_run_without_command_explains(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run"])
+    assert "run: give a command" in capsys.readouterr().err

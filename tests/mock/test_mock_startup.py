@@ -1,0 +1,50 @@
+"""The start-up hook in fresh interpreters: the user's sitecustomize and PYTHONPATH survive, the kill
+switch works, and an installed apex wins unless forced."""
+
+import sys
+
+import pytest
+
+from .conftest import clean_env, mocked_env, run
+
+PROBE = (
+    "import sys, apex; "
+    "print(type(apex).__name__, getattr(sys.modules['sitecustomize'], 'USER_SITE', None), "
+    "[p for p in sys.path if p.endswith('user')])"
+)
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("USER_SITE = 'ran'\n")
+    return user
+
+
+def test_user_sitecustomize_and_pythonpath_are_kept(user_dir):
+    proc = run([sys.executable, "-c", PROBE], mocked_env(PYTHONPATH=str(user_dir)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(None, 2) == ["StandIn", "ran", f"['{user_dir}']\n"]
+
+
+def test_kill_switch_turns_the_mock_off_but_not_the_user_hook(user_dir):
+    env = mocked_env(PYTHONPATH=str(user_dir), GLM_MOCK_DISABLE="1")
+    proc = run([sys.executable, "-c", "import sitecustomize; print(sitecustomize.USER_SITE); import apex"], env)
+    assert proc.stdout == "ran\n"
+    assert "ModuleNotFoundError: No module named 'apex'" in proc.stderr
+
+
+def test_installed_apex_wins_unless_forced(tmp_path):
+    (tmp_path / "apex").mkdir()
+    (tmp_path / "apex" / "__init__.py").write_text("REAL = True\n")
+    code = "import apex; print(type(apex).__name__, getattr(apex, 'REAL', None))"
+    real = run([sys.executable, "-c", code], mocked_env(PYTHONPATH=str(tmp_path)))
+    assert real.stdout == "module True\n", real.stderr
+    forced = run([sys.executable, "-c", code], mocked_env(force="apex", PYTHONPATH=str(tmp_path)))
+    assert forced.stdout == "StandIn None\n", forced.stderr
+
+
+def test_without_the_mock_nothing_is_redirected():
+    proc = run([sys.executable, "-c", "import apex"], clean_env())
+    assert "No module named 'apex'" in proc.stderr
