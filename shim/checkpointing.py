@@ -11,8 +11,8 @@ GLM-era code does::
 which already replays the default CPU and device generators; the named streams
 of the :class:`RNGStatesTracker` are replayed too, so dropout inside a
 checkpointed region draws the same masks on recompute as in the forward pass.
-The tracker works on whichever device is active: accelerator generators where
-there is one, the CPU generator otherwise.
+The tracker works on shim's active device (``shim.device()``): the CUDA
+generator on a GPU, the CPU generator otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import warnings
 
 import torch
 import torch.utils.checkpoint
+
+from shim._device import active_device
 
 __all__ = [
     "MODEL_PARALLEL_RNG",
@@ -44,9 +46,7 @@ _MODEL_PARALLEL_SEED_OFFSET = 2718
 
 
 def _device_type() -> str:
-    if torch.accelerator.is_available():
-        return torch.accelerator.current_accelerator().type
-    return "cpu"
+    return active_device().type
 
 
 def _get_rng_state() -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.distributed as _dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement
 
+from shim._device import active_device
 from shim.distributed.collectives import init_process_group
 
 __all__ = [
@@ -51,14 +52,15 @@ def _flat(ranks) -> list[int]:
 def placement(device_type: str = "cpu", ranks=None) -> DeviceMesh:
     """The DeviceMesh over ``ranks`` (default: every rank) on ``device_type``.
 
-    ``"cuda"`` without CUDA means the CPU, so the same script runs on both.
+    ``"cuda"`` means shim's active device (``shim.device()``), so the same script
+    runs with and without GPUs.
     Making a mesh is collective: every rank calls ``placement`` with the same
     arguments in the same order (results are cached).
     """
+    if device_type == "cuda":
+        device_type = active_device().type
     if not _dist.is_initialized():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        device_type = "cpu"
+        init_process_group("nccl" if device_type == "cuda" else "gloo")
     world_size = _dist.get_world_size()
     grid = _nested_tuple(list(range(world_size)) if ranks is None else ranks)
     if not isinstance(grid, tuple):

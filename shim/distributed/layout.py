@@ -21,6 +21,7 @@ import torch.distributed as _dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 
+from shim._device import active_device
 from shim.distributed.collectives import init_process_group
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "get_nd_sbp",
     "is_main_process",
     "setup_dist_util",
+    "world_size",
 ]
 
 _layout: ParallelLayout | None = None
@@ -96,18 +98,18 @@ class ParallelLayout:
         return p - extra + (layer_idx - first_long_layer) // (per_stage + 1)
 
 
-def _resolve_sizes(world_size, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers):
+def _resolve_sizes(world, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers):
     tp = tensor_parallel_size or 1
     pp = pipeline_parallel_size or 1
     if tp < 1 or pp < 1:
         raise ValueError(f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be >= 1")
     dp = data_parallel_size or ensure_divisible(
-        world_size, tp * pp, "world size", "tensor_parallel_size * pipeline_parallel_size"
+        world, tp * pp, "world size", "tensor_parallel_size * pipeline_parallel_size"
     )
-    if dp * tp * pp != world_size:
+    if dp * tp * pp != world:
         raise ValueError(
             f"data_parallel_size * tensor_parallel_size * pipeline_parallel_size = {dp} * {tp} * {pp} "
-            f"= {dp * tp * pp} does not equal the world size ({world_size})"
+            f"= {dp * tp * pp} does not equal the world size ({world})"
         )
     layers = pipeline_num_layers if pipeline_num_layers is not None else pp
     if layers < pp:
@@ -115,7 +117,8 @@ def _resolve_sizes(world_size, data_parallel_size, tensor_parallel_size, pipelin
     return dp, tp, pp, layers
 
 
-def _world_size_before_init() -> int:
+def world_size() -> int:
+    """The world size: the process group's, or ``WORLD_SIZE``'s before one exists."""
     return _dist.get_world_size() if _dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -133,11 +136,11 @@ def setup_dist_util(
     """
     global _layout
     dp, tp, pp, layers = _resolve_sizes(
-        _world_size_before_init(), data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers
+        world_size(), data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers
     )
+    device_type = active_device().type
     if not _dist.is_initialized():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        init_process_group("nccl" if device_type == "cuda" else "gloo")
     mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     # Every rank builds every stage's mesh, in the same order: making groups is collective.
     stage_meshes = [

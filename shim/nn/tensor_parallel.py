@@ -19,6 +19,12 @@ ordinary modules:
 =============  ===================  ==============  ===============  =================
 
 With a tensor-parallel size of 1 the layers stay plain ``nn.Linear`` / ``nn.Embedding``.
+
+``stride`` (Megatron's, for fused projections such as Q|K|V): the split dim is
+``stride`` blocks, each split over the ranks, so rank ``r`` holds
+``[q_r; k_r; v_r]``. The layer's global weight then lists the ranks' shards in
+rank order (Megatron's per-rank checkpoints, concatenated); ``strided_order``
+converts between that order and the natural one.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from shim.distributed.layout import ensure_divisible, get_dist_util, get_layer_placement
 
-__all__ = ["Linear1D", "VocabParallelEmbedding"]
+__all__ = ["Linear1D", "VocabParallelEmbedding", "strided_order"]
 
 _PARALLEL_MODES = ("col", "row", "data")
 
@@ -60,6 +66,7 @@ class Linear1D(nn.Linear):
         gather_output: bool = False,
         input_is_parallel: bool = True,
         init_method: Callable[[torch.Tensor], object] | None = None,
+        stride: int = 1,
         device=None,
         dtype=None,
     ):
@@ -67,11 +74,14 @@ class Linear1D(nn.Linear):
             raise ValueError(f"Linear1D parallel={parallel!r}: expected one of {_PARALLEL_MODES}")
         tp_size = get_dist_util().tensor_parallel_size
         if parallel == "col":
-            ensure_divisible(out_features, tp_size, "Linear1D(parallel='col') out_features", "tensor_parallel_size")
-        elif parallel == "row":
-            ensure_divisible(in_features, tp_size, "Linear1D(parallel='row') in_features", "tensor_parallel_size")
+            what, split_size = "Linear1D(parallel='col') out_features", out_features
+        else:
+            what, split_size = "Linear1D(parallel='row') in_features", in_features
+        if parallel != "data":
+            by = "tensor_parallel_size" if stride == 1 else f"tensor_parallel_size * stride ({tp_size} * {stride})"
+            ensure_divisible(split_size, tp_size * stride, what, by)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.parallel, self.layer_idx = parallel, layer_idx
+        self.parallel, self.layer_idx, self.stride = parallel, layer_idx, stride
         if init_method is not None:
             with torch.no_grad():
                 init_method(self.weight)
@@ -79,6 +89,11 @@ class Linear1D(nn.Linear):
                     self.bias.zero_()
         if parallel == "data" or tp_size == 1:
             return
+        if stride > 1:
+            with torch.no_grad():
+                self.weight.copy_(strided_order(self.weight, 0 if parallel == "col" else 1, stride, tp_size))
+                if parallel == "col" and self.bias is not None:
+                    self.bias.copy_(strided_order(self.bias, 0, stride, tp_size))
         if parallel == "col":
             style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
         else:
@@ -86,7 +101,18 @@ class Linear1D(nn.Linear):
         parallelize_module(self, _tensor_parallel_mesh(layer_idx), style)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}"
+        stride = f", stride={self.stride}" if self.stride > 1 else ""
+        return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}{stride}"
+
+
+def strided_order(tensor: torch.Tensor, dim: int, stride: int, parts: int) -> torch.Tensor:
+    """Reorder ``dim`` from ``stride`` blocks of ``parts`` pieces each to ``parts`` groups of ``stride``.
+
+    ``[q0 q1 | k0 k1 | v0 v1]`` (stride 3, parts 2) becomes ``[q0 k0 v0 | q1 k1 v1]``;
+    ``strided_order(t, dim, parts, stride)`` undoes it.
+    """
+    pieces = tensor.chunk(stride * parts, dim=dim)
+    return torch.cat([pieces[block * parts + part] for part in range(parts) for block in range(stride)], dim=dim)
 
 
 class VocabParallelEmbedding(nn.Embedding):
