@@ -30,19 +30,26 @@ class Windows:
     def __init__(self, corpus: TokenizedCorpus, seq_length: int, seed: int, cls_id: int, eos_id: int):
         if len(corpus) == 0:
             raise ValueError("the corpus has no documents")
-        self.corpus, self.seq_length, self.seed = corpus, seq_length, seed
-        self.cls_id, self.eos_id = cls_id, eos_id
-        stream_length = corpus.num_tokens + 2 * len(corpus)
-        self.per_epoch = max(1, stream_length // seq_length)
-        self._epoch, self._stream = -1, np.empty(0, dtype=np.int64)
+        self.seq_length, self.seed, self.cls_id = seq_length, seed, cls_id
+        # Frame every document once as [CLS] doc [eos]; an epoch is then one gather in shuffled order.
+        lengths = np.diff(corpus.offsets) + 2
+        self.starts = np.cumsum(lengths) - lengths
+        self.lengths = lengths
+        self.framed = np.empty(int(lengths.sum()), dtype=np.int64)
+        inside = np.ones(len(self.framed), dtype=bool)
+        inside[self.starts] = inside[self.starts + lengths - 1] = False
+        self.framed[inside] = corpus.ids
+        self.framed[self.starts], self.framed[self.starts + lengths - 1] = cls_id, eos_id
+        self.per_epoch = max(1, len(self.framed) // seq_length)
+        self._epoch, self._stream = -1, self.framed
 
     def stream(self, epoch: int) -> np.ndarray:
+        """All documents, framed, in epoch ``epoch``'s shuffled order."""
         if epoch != self._epoch:
-            order = np.random.default_rng([self.seed, epoch, _SHUFFLE_STREAM]).permutation(len(self.corpus))
-            framed = []
-            for d in order:
-                framed += [[self.cls_id], self.corpus[d], [self.eos_id]]
-            self._epoch, self._stream = epoch, np.concatenate(framed).astype(np.int64)
+            order = np.random.default_rng([self.seed, epoch, _SHUFFLE_STREAM]).permutation(len(self.lengths))
+            lengths = self.lengths[order]
+            shift = np.repeat(self.starts[order] - (np.cumsum(lengths) - lengths), lengths)
+            self._epoch, self._stream = epoch, self.framed[np.arange(len(self.framed)) + shift]
         return self._stream
 
     def __getitem__(self, i: int) -> np.ndarray:
@@ -51,6 +58,28 @@ class Windows:
         if window[0] != self.cls_id:
             window = np.concatenate(([self.cls_id], window[:-1]))
         return window
+
+
+class BlockLMDataset(torch.utils.data.Dataset):
+    """Sample ``i`` of the global order: window ``i``, blank-infilled with randomness from ``(seed, i)``."""
+
+    def __init__(self, windows: Windows, masker: BlockMasker):
+        self.windows, self.masker = windows, masker
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return self.masker(self.windows[i], index=i)
+
+
+class RankBatches:
+    """Batch sampler: rank ``r``'s ``b``-th batch is global samples ``b*N*B + r + N*j`` for ``j < B``."""
+
+    def __init__(self, batch_size: int, rank: int, world_size: int, start_batch: int = 0):
+        self.batch_size, self.rank, self.world_size, self.start_batch = batch_size, rank, world_size, start_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        global_batch = self.batch_size * self.world_size
+        for b in itertools.count(self.start_batch):
+            yield list(range(b * global_batch + self.rank, (b + 1) * global_batch, self.world_size))
 
 
 def collate(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -62,11 +91,13 @@ def collate(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]
 def build_train_batches(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMTokenizer, *,
                         seq_length: int, batch_size: int, seed: int, masker_kwargs: dict | None = None,
                         rank: int = 0, world_size: int = 1, text_key: str = "text", start_batch: int = 0,
-                        cache: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+                        num_workers: int = 0, cache: bool = True) -> Iterator[dict[str, torch.Tensor]]:
     """An endless iterator of this rank's training batches (see the module docstring).
 
     ``paths``: corpus files (None: the embedded tiny corpus). ``masker_kwargs``: BlockMasker's knobs
-    (``bert_prob``, ``gap_sentence_prob``, ``task_mask``, ...). ``start_batch`` skips ahead, for resuming.
+    (``bert_prob``, ``gap_sentence_prob``, ``task_mask``, ...). ``start_batch`` skips ahead without masking
+    the skipped samples, for resuming. ``num_workers`` > 0 masks in DataLoader worker processes; the
+    batches are the same either way.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -75,11 +106,7 @@ def build_train_batches(paths: Sequence[str | Path] | str | Path | None, tokeniz
     corpus = load_corpus(paths, tokenizer, text_key=text_key, cache=cache, progress=rank == 0)
     masker = BlockMasker(tokenizer, seed=seed, seq_length=seq_length, **(masker_kwargs or {}))
     windows = Windows(corpus, seq_length, seed, tokenizer.cls_id, tokenizer.eos_id)
-
-    def batches() -> Iterator[dict[str, torch.Tensor]]:
-        global_batch = batch_size * world_size
-        for b in itertools.count(start_batch):
-            indices = range(b * global_batch + rank, (b + 1) * global_batch, world_size)
-            yield collate([masker(windows[i], index=i) for i in indices])
-
-    return batches()
+    loader = torch.utils.data.DataLoader(
+        BlockLMDataset(windows, masker), batch_sampler=RankBatches(batch_size, rank, world_size, start_batch),
+        collate_fn=collate, num_workers=num_workers)
+    return iter(loader)

@@ -39,16 +39,6 @@ def _span_length_distribution(avg_block_length: float, max_block_length: int) ->
     return pmf / pmf.sum()
 
 
-def _spaced_spans(lengths: np.ndarray, total: int, offset: int, rng: np.random.Generator) -> np.ndarray:
-    """Place spans of ``lengths`` (in this order) uniformly at random in ``total`` tokens starting at
-    ``offset``, at least one token apart: ``[n, 2]`` (start, end) rows."""
-    n = len(lengths)
-    room = total - int(lengths.sum()) - n + 1
-    gaps = np.sort(rng.integers(0, room + 1, size=n))
-    starts = offset + gaps + np.concatenate(([0], np.cumsum(lengths + 1)[:-1]))
-    return np.stack([starts, starts + lengths], axis=1)
-
-
 def layout_blocks(text: np.ndarray, spans: np.ndarray, order: np.ndarray, *, mask_id: int, sop_id: int,
                   eop_id: int):
     """Upstream's ``make_block_data``: Part A is ``text`` with each (start, end) span replaced by one
@@ -59,9 +49,7 @@ def layout_blocks(text: np.ndarray, spans: np.ndarray, order: np.ndarray, *, mas
     spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
     by_start = np.argsort(spans[:, 0])
     starts, ends = spans[by_start, 0], spans[by_start, 1]
-    depth = np.zeros(len(text) + 1, dtype=np.int64)
-    np.add.at(depth, starts, 1)
-    np.add.at(depth, ends, -1)
+    depth = np.bincount(starts, minlength=len(text) + 1) - np.bincount(ends, minlength=len(text) + 1)
     keep = np.cumsum(depth)[:-1] == 0
     keep[starts] = True
     position = np.cumsum(keep) - 1  # a span collapses onto its mask token's position
@@ -140,7 +128,8 @@ class BlockMasker:
         self.gpt_min_ratio = gpt_min_ratio
         self.shuffle_blocks = shuffle_blocks
         self.span_lengths = np.arange(1, max_block_length)
-        self.span_probs = _span_length_distribution(avg_block_length, max_block_length)
+        self.span_cdf = np.cumsum(_span_length_distribution(avg_block_length, max_block_length))
+        self.span_cdf[-1] = 1.0  # rounding must not leave a draw past the last length
         ids = tokenizer.command_ids
         self.cls_id, self.eos_id, self.pad_id = ids["cls"], ids["eos"], ids["pad"]
         self.sop_id, self.eop_id, self.mask_id = ids["sop"], ids["eop"], ids["mask"]
@@ -215,7 +204,7 @@ class BlockMasker:
         if int(self.mask_ratio * available) == 0:
             return np.empty(0, dtype=np.int64)
         # Each draw is >= 1, so this many always suffice.
-        draws = rng.choice(self.span_lengths, size=int(self.mask_ratio * length) + 2, p=self.span_probs)
+        draws = self.span_lengths[np.searchsorted(self.span_cdf, rng.random(int(self.mask_ratio * length) + 2))]
         text_lengths = np.minimum(available, length - 2 * np.arange(1, len(draws) + 1))
         enough = np.cumsum(draws) >= np.floor(self.mask_ratio * text_lengths)
         return draws[: int(np.argmax(enough)) + 1]
@@ -232,21 +221,30 @@ class BlockMasker:
     def _place_in_documents(self, text, lengths, rng) -> np.ndarray:
         """Upstream's ``sample_span_in_document``: shuffled lengths go to documents from the shortest up,
         each taking ``mask_ratio`` of itself; the longest takes whatever still fits. Spans that fit nowhere
-        are dropped (upstream drops the sample; here Part B just comes out shorter)."""
+        are dropped (upstream drops the sample; here Part B just comes out shorter). Within a document the
+        spans keep their order and are spread uniformly at random, at least one token apart."""
         lengths = rng.permutation(lengths)
         docs = self._documents(text)
-        docs = docs[np.argsort(docs[:, 1] - docs[:, 0], kind="stable")]
-        spans, used = [], 0
-        for i, (start, end) in enumerate(docs):
-            size, rest = end - start, np.cumsum(lengths[used:])
+        sizes = docs[:, 1] - docs[:, 0]
+        by_size = np.argsort(sizes, kind="stable")
+        docs, sizes = docs[by_size], sizes[by_size]
+        counts, used = np.zeros(len(docs), dtype=np.int64), 0
+        for i, size in enumerate(sizes.tolist()):
+            covered = np.cumsum(lengths[used:])
             if i == len(docs) - 1:  # spans plus the gaps between them must fit
-                take = int(np.searchsorted(rest + np.arange(len(rest)), size, side="right"))
+                counts[i] = np.searchsorted(covered + np.arange(len(covered)), size, side="right")
             else:
-                take = int(np.searchsorted(rest, int(size * self.mask_ratio), side="right"))
-            if take:
-                spans.append(_spaced_spans(lengths[used: used + take], size, start, rng))
-                used += take
-        return np.concatenate(spans) if spans else np.empty((0, 2), dtype=np.int64)
+                counts[i] = np.searchsorted(covered, int(size * self.mask_ratio), side="right")
+            used += counts[i]
+        lengths = lengths[:used]
+        doc = np.repeat(np.arange(len(docs)), counts)
+        room = sizes - np.bincount(doc, weights=lengths, minlength=len(docs)).astype(np.int64) - counts + 1
+        gaps = rng.integers(0, room[doc] + 1)
+        gaps = gaps[np.lexsort((gaps, doc))]  # sorted within each document
+        step = np.cumsum(lengths + 1) - (lengths + 1)  # tokens taken by earlier spans (and their gaps)
+        first = np.cumsum(counts) - counts
+        starts = docs[doc, 0] + gaps + step - step[np.minimum(first, max(used - 1, 0))][doc]
+        return np.stack([starts, starts + lengths], axis=1)
 
     def _sentences(self, text) -> np.ndarray:
         """``[k, 2]`` sentences: runs ending at a sentence-final token, never crossing [CLS]/eos."""
@@ -266,11 +264,13 @@ class BlockMasker:
         n = len(inputs)
         if n > length:
             raise AssertionError(f"blank infilling produced {n} tokens for seq_length {length}")
-        pad = length - n
-        return {
-            "text": np.pad(inputs.astype(np.int64), (0, pad), constant_values=self.pad_id),
-            "target": np.pad(targets.astype(np.int64), (0, pad), constant_values=self.pad_id),
-            "loss_mask": np.pad(loss.astype(np.float32), (0, pad)),
+        sample = {
+            "text": np.full(length, self.pad_id, dtype=np.int64),
+            "target": np.full(length, self.pad_id, dtype=np.int64),
+            "loss_mask": np.zeros(length, dtype=np.float32),
             "attention_mask": np.array(sep, dtype=np.int64),
-            "position_id": np.pad(np.stack([positions, block_positions]).astype(np.int64), ((0, 0), (0, pad))),
+            "position_id": np.zeros((2, length), dtype=np.int64),
         }
+        sample["text"][:n], sample["target"][:n], sample["loss_mask"][:n] = inputs, targets, loss
+        sample["position_id"][0, :n], sample["position_id"][1, :n] = positions, block_positions
+        return sample

@@ -138,8 +138,13 @@ def test_windows_cover_shuffled_documents():
     assert all(len(w) == 64 and w[0] == TOK.cls_id for w in epoch)
     assert windows.per_epoch == (corpus.num_tokens + 2 * len(corpus)) // 64
     assert not np.array_equal(windows[0], windows[windows.per_epoch]), "each epoch reshuffles"
-    stream = windows.stream(0)
+    stream, framed = windows.stream(1), np.concatenate([[TOK.cls_id, *corpus[i], TOK.eos_id] for i in
+                                                           range(len(corpus))])
     assert (stream == TOK.cls_id).sum() == len(corpus) == (stream == TOK.eos_id).sum()
+    assert sorted(stream.tolist()) == sorted(framed.tolist()) and not np.array_equal(stream, framed)
+    docs = np.split(stream, np.flatnonzero(stream == TOK.eos_id)[:-1] + 1)
+    assert sorted(map(tuple, docs)) == sorted(map(tuple, np.split(framed, np.flatnonzero(
+        framed == TOK.eos_id)[:-1] + 1))), "an epoch is a permutation of whole documents"
 
 
 def test_batches_shapes_and_dtypes():
@@ -177,6 +182,13 @@ def test_start_batch_resumes_the_stream():
     full = take(build_train_batches(None, TOK, **kwargs), 5)
     resumed = next(build_train_batches(None, TOK, start_batch=4, **kwargs))
     assert all(torch.equal(full[4][k], resumed[k]) for k in resumed)
+
+
+def test_worker_processes_give_the_same_batches():
+    kwargs = dict(seq_length=32, batch_size=3, seed=4, masker_kwargs=dict(bert_prob=0.5, task_mask=True))
+    inline = take(build_train_batches(None, TOK, **kwargs), 6)
+    workers = take(build_train_batches(None, TOK, num_workers=2, **kwargs), 6)
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(inline, workers) for k in x)
 
 
 def test_batches_from_files(tmp_path):
