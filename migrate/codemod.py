@@ -127,10 +127,9 @@ class _FileMigration:
         self._plan_references()
         self._plan_imports()
         self._plan_added_imports()
-        if not self.edits:
-            return self.source
-        result = splice(self.source, self.edits)
-        self.report.changes.sort(key=lambda c: c["line"])
+        result = splice(self.source, self.edits) if self.edits else self.source
+        for entries in (self.report.changes, self.report.unconverted, self.report.kept):
+            entries.sort(key=lambda e: e["line"])
         return result
 
     # -- names ----------------------------------------------------------------
@@ -154,7 +153,9 @@ class _FileMigration:
                     known = self.rules.best(fqn) is not self.rules.best(source)
                 if known:
                     binding = ImportBinding(name, fqn, stmt, None, self.scopes.module)
-                    self.new_source[binding] = self._new_source(binding)
+                    rule = None if self.index.is_tree_name(source) else self.rules.best(source)
+                    new_module = (mapped_name(rule, source) if rule else None) or source
+                    self.new_source[binding] = f"{new_module}.{name}"  # what the rewritten star import supplies
                     self.stars[name] = binding
                     break
         return self.stars[name]
@@ -171,30 +172,35 @@ class _FileMigration:
                 return None
         return binding, ".".join((binding.source, *chain.parts[1:]))
 
-    def _spell(self, target: str, scope: Scope) -> str:
-        """The shortest way code in ``scope`` can name ``target``; ``import <root>`` is added if none."""
+    def _spell(self, target: str, scope: Scope, prefer: str | None = None) -> str:
+        """How code in ``scope`` names ``target``: through the name ``prefer`` if it can, else the
+        shortest way; ``import <root>`` is added if no import reaches it. Star imports are not
+        used: what ``import *`` supplies depends on the module's ``__all__``."""
         if target.startswith("builtins."):
             return target[len("builtins."):]
         wanted = {target, self.index.canonical(target)[0]}
-        best = None
-        for binding in [*self.scopes.imports, *filter(None, self.stars.values())]:
-            if binding.alias is not None and scope.import_of(binding.name) is not binding:
+        candidates = []
+        for binding in self.scopes.imports:
+            if scope.import_of(binding.name) is not binding or not self._only_imports(binding):
                 continue
             new = self.new_source[binding]
             for name in wanted:
                 if name == new or name.startswith(new + "."):
-                    candidate = binding.name + name[len(new):]
+                    candidates.append(binding.name + name[len(new):])
                 elif self.index.canonical(new)[0] == name:
-                    candidate = binding.name
-                else:
-                    continue
-                if best is None or len(candidate) < len(best):
-                    best = candidate
-        if best is None:
+                    candidates.append(binding.name)
+        if candidates:
+            spelled = min(candidates, key=lambda c: (c.split(".")[0] != prefer, len(c)))
+        else:
             self.added_imports[target.split(".")[0]] = None
-            best = target
-        self.spelled[best.split(".")[0]] += 1
-        return best
+            spelled = target
+        self.spelled[spelled.split(".")[0]] += 1
+        return spelled
+
+    @staticmethod
+    def _only_imports(binding: ImportBinding) -> bool:
+        """Whether the name is bound by imports alone (not also by a fallback ``class``, say)."""
+        return all(isinstance(b, ImportBinding) for b in binding.scope.names[binding.name])
 
     def _consume(self, name: str, code: str) -> None:
         self.consumed[name] += 1
@@ -301,7 +307,10 @@ class _FileMigration:
                 if rule is not self.rules.best(binding.source):
                     self._change(line, rule, before, before, wanted)
                 continue
-            spelled = self._spell(wanted, chain.scope)
+            if chain.in_fstring:
+                self._leave(line, rule, f"inside an f-string: not rewritten; {rule.note}")
+                continue
+            spelled = self._spell(wanted, chain.scope, prefer=chain.parts[0])
             self._consume(chain.root.id, rule.code)
             self._change(line, rule, before, spelled, wanted)
             self._edit(chain.node, lambda _text, spelled=spelled: spelled)

@@ -51,7 +51,8 @@ def render(rules: tuple[Rule, ...]) -> str:
             target = f"`{r.target}`" if r.target else "—"
             if r.args:
                 target += f" ({_cell(_args(r))})"
-            out.append(f"| {r.code} | {KIND_TEXT[r.kind]} | `{r.match}` | {target} | {r.safety} | {_cell(r.note)} |")
+            safety = r.safety if r.target else "—"
+            out.append(f"| {r.code} | {KIND_TEXT[r.kind]} | `{r.match}` | {target} | {safety} | {_cell(r.note)} |")
         out.append("")
     return "\n".join(out)
 

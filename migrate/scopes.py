@@ -74,6 +74,7 @@ class Chain:
     root: ast.Name
     parts: tuple[str, ...]
     scope: Scope
+    in_fstring: bool = False  # positions inside f-strings are not reliable enough to splice
 
     @property
     def dotted(self) -> str:
@@ -137,8 +138,7 @@ class _Collector(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self.name_loads[node.id] = self.name_loads.get(node.id, 0) + 1
-            if not self.in_fstring:
-                self.chains.append(Chain(node, node, (node.id,), self.scope))
+            self.chains.append(Chain(node, node, (node.id,), self.scope, self.in_fstring > 0))
         else:
             self.scope.bind(node.id, OTHER)
 
@@ -149,11 +149,9 @@ class _Collector(ast.NodeVisitor):
             return
         root, parts = found
         self.name_loads[root.id] = self.name_loads.get(root.id, 0) + 1
-        if not self.in_fstring:
-            self.chains.append(Chain(node, root, parts, self.scope))
+        self.chains.append(Chain(node, root, parts, self.scope, self.in_fstring > 0))
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        # positions inside f-strings are not reliable enough to splice: read, never rewritten
         self.in_fstring += 1
         self.generic_visit(node)
         self.in_fstring -= 1

@@ -4,7 +4,7 @@
 
 The checkout is copied to a scratch directory (upstream writes logs beside
 itself), its BERT vocabulary is linked where upstream looks for it
-(``.pytorch_pretrained_bert/``), and ``--train-data test`` gets its corpus at the
+(``.pytorch_pretrained_bert/``) if it lacks one, and ``--train-data test`` gets its corpus at the
 path upstream hard-codes (``/root/data/test.json``, written only if absent).
 Then, with the mock on: ``pretrain_glm.py`` trains a 2-layer, hidden-64 GLM on
 CPU in fp32 for each process count, its losses must be finite and falling; and
@@ -69,9 +69,12 @@ def prepare_tree(upstream: Path, workdir: Path, vocab: Path) -> Path:
     if tree.exists():
         shutil.rmtree(tree)
     shutil.copytree(upstream, tree, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-    cache = tree / ".pytorch_pretrained_bert"
-    cache.mkdir(exist_ok=True)
-    (cache / VOCAB_NAME).symlink_to(vocab.resolve())
+    cached = tree / ".pytorch_pretrained_bert" / VOCAB_NAME
+    if not cached.exists():  # upstream ships it; some copies leave it out
+        if not vocab.is_file():
+            raise SystemExit(f"selfcheck: {cached.relative_to(tree)} missing and no vocabulary at {vocab} (give --vocab)")
+        cached.parent.mkdir(exist_ok=True)
+        cached.symlink_to(vocab.resolve())
     return tree
 
 
@@ -158,18 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--no-mpu-tests", action="store_true", help="skip upstream's mpu/tests scripts")
     parser.add_argument("--force", default="", help="passed to glm-mock: stand-ins win over installed packages")
-    parser.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help=f"the {VOCAB_NAME} to use")
+    parser.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help=f"the {VOCAB_NAME} to use if the checkout lacks one")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary one)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per run")
     args = parser.parse_args(argv)
     if not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"{args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
-    if not args.vocab.is_file():
-        parser.error(f"vocabulary not found: {args.vocab} (give --vocab)")
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="glm-mock-selfcheck-"))
     tree = prepare_tree(args.upstream.resolve(), workdir.resolve(), args.vocab)
-    ensure_corpus(args.vocab)
+    ensure_corpus(tree / ".pytorch_pretrained_bert" / VOCAB_NAME)
     checks = [lambda n=n: check_pretrain(tree, n, args.iters, args.force, args.timeout) for n in args.nproc]
     if not args.no_mpu_tests:
         checks += [lambda s=s: check_mpu_test(tree, s, args.force, args.timeout) for s in MPU_TESTS]
