@@ -1,7 +1,8 @@
-"""Shared helpers for the glm-migrate tests: migrate a snippet inside a small tree."""
+"""Shared fixtures for the glm-migrate tests: migrate a snippet inside a small tree."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -12,26 +13,39 @@ from migrate.index import ModuleIndex, module_name
 from migrate.rules import RuleSet, load_rules
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).resolve().parents[2]
-UPSTREAM = REPO.parent / "upstream"
 
 
-def migrate_in_tree(tmp_path: Path, source: str, name: str = "case.py", *, select=None, ignore=frozenset()):
-    """Migrate ``source`` as ``name`` in a tree that also holds the support ``mpu`` package."""
-    root = tmp_path / "tree"
-    if not root.exists():
-        shutil.copytree(FIXTURES / "support", root)
-    (root / name).write_text(source, encoding="utf-8")
-    files = [p.relative_to(root) for p in root.rglob("*.py")]
-    rules = RuleSet(load_rules(), select, ignore)
-    rel = Path(name)
-    return migrate_source(source, name, module_name(rel), rel.name == "__init__.py",
-                          ModuleIndex(root, files), rules)
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture
+def upstream() -> Path:
+    """The unpacked THUDM/GLM checkout beside the repository (skips when absent)."""
+    path = Path(__file__).resolve().parents[2].parent / "upstream"
+    if not (path / "pretrain_glm.py").exists():
+        pytest.skip(f"THUDM/GLM checkout not found at {path}")
+    return path
 
 
 @pytest.fixture
 def migrate(tmp_path):
-    def run(source: str, name: str = "case.py", **kwargs):
-        return migrate_in_tree(tmp_path, source, name, **kwargs)
+    """``migrate(source, name="case.py", select=None, ignore=())`` -> (text, FileReport).
+
+    The source is migrated as ``name`` in a fresh tree that also holds the support ``mpu`` package.
+    """
+    counter = itertools.count()
+
+    def run(source: str, name: str = "case.py", *, select=None, ignore=frozenset(), extra: dict | None = None):
+        root = tmp_path / f"tree{next(counter)}"
+        shutil.copytree(FIXTURES / "support", root)
+        for rel, text in {**(extra or {}), name: source}.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text, encoding="utf-8")
+        files = [p.relative_to(root) for p in root.rglob("*.py")]
+        rel = Path(name)
+        return migrate_source(source, name, module_name(rel), rel.name == "__init__.py",
+                              ModuleIndex(root, files), RuleSet(load_rules(), select, ignore))
 
     return run
