@@ -1,0 +1,163 @@
+"""glm-migrate end to end on a small tree in upstream's shape: output, report, modes, exit codes."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migrate import runner
+from migrate.cli import main
+
+TREE = Path(__file__).parent / "fixtures" / "tree"
+EXPECTED = Path(__file__).parent / "fixtures" / "tree_expected"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    copy = tmp_path / "GLM"
+    shutil.copytree(TREE, copy)
+    return copy
+
+
+def test_tree_migrates_to_the_expected_tree(src, tmp_path):
+    dst = tmp_path / "out"
+    assert main([str(src), "-o", str(dst), "-q", "-j", "1"]) == 0
+    produced = _files(dst)
+    report = json.loads(produced.pop("migration_report.json"))
+    assert produced.pop("MIGRATION_REPORT.md").startswith(b"# Migration report")
+    assert produced == _files(EXPECTED)
+    assert os.access(dst / "scripts" / "ds_pretrain_tiny.sh", os.X_OK)  # modes are kept
+
+    summary = report["summary"]
+    assert summary["files_scanned"] == 20
+    assert summary["files_changed"] == 15
+    assert summary["errors"] == 1
+    assert summary["unconverted"] == 0 and summary["conversion_rate"] == 1.0
+    assert summary["changes"] == sum(summary["changes_by_rule"].values())
+    assert summary["changes_by_rule"]["MPU001"] == 1
+    assert set(summary) >= {"files_scanned", "files_changed", "changes_by_rule", "unconverted",
+                            "conversion_rate", "errors", "seconds"}
+    by_path = {f["path"]: f for f in report["files"]}
+    assert set(by_path["pretrain_glm.py"]) == {"path", "changes", "unconverted", "kept", "error"}
+    assert by_path["legacy_py2.py"]["error"].startswith("SyntaxError")
+    assert [(k["line"], k["code"]) for k in by_path["train_utils.py"]["kept"]] == [(1, "DSP199"), (34, "DSP101")]
+    change = next(c for c in by_path["pretrain_glm.py"]["changes"] if c["code"] == "MPU001")
+    assert change["line"] == 30
+    assert change["before"].startswith("mpu.vocab_parallel_cross_entropy(logits.contiguous().float(),")
+    assert "process_group=mpu.get_model_parallel_group()" in change["after"]
+
+
+def test_parallel_run_matches_serial(src, tmp_path):
+    assert main([str(src), "-o", str(tmp_path / "one"), "-q", "-j", "1"]) == 0
+    assert main([str(src), "-o", str(tmp_path / "two"), "-q", "-j", "2"]) == 0
+    one, two = _files(tmp_path / "one"), _files(tmp_path / "two")
+    for name in ("migration_report.json", "MIGRATION_REPORT.md"):  # these hold timings
+        one.pop(name), two.pop(name)
+    assert one == two
+
+
+def test_output_is_idempotent(src, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main([str(src), "-o", str(first), "-q"]) == 0
+    assert main([str(first), "--check", "-q"]) == 0
+    assert main([str(first), "-o", str(second), "-q"]) == 0
+    assert filecmp.dircmp(first, second).diff_files == ["MIGRATION_REPORT.md", "migration_report.json"]
+
+
+def test_check_and_diff_write_nothing(src, tmp_path, capsys):
+    before = _files(src)
+    assert main([str(src), "--check", "-q"]) == 1
+    assert main([str(src), "--diff", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "--- a/mpu/grads.py\n+++ b/mpu/grads.py\n" in out
+    assert "\n-from torch._six import inf\n" in out and "\n+from shim.compat.six import inf\n" in out
+    assert _files(src) == before
+    assert main([str(src), "--diff", "-o", str(tmp_path / "out"), "-q"]) == 0
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_can_still_write_a_report(src, tmp_path):
+    report = tmp_path / "ci" / "report.json"
+    assert main([str(src), "--check", "--report", str(report), "-q"]) == 1
+    assert json.loads(report.read_text())["summary"]["files_changed"] == 15
+    assert report.with_suffix(".md").exists()
+
+
+def test_in_place(src):
+    assert main([str(src), "--in-place", "-q"]) == 0
+    migrated = _files(src)
+    migrated.pop("migration_report.json"), migrated.pop("MIGRATION_REPORT.md")
+    assert migrated == _files(EXPECTED)
+    assert main([str(src), "--check", "-q"]) == 0
+
+
+def test_select_and_ignore(src, tmp_path):
+    assert main([str(src), "-o", str(tmp_path / "apex"), "--select", "APX", "-q"]) == 0
+    train_utils = (tmp_path / "apex" / "train_utils.py").read_text()
+    assert "from shim.optim import FusedAdam as Adam" in train_utils
+    assert "import torch\n" in train_utils and "from torch import distributed as dist" in train_utils
+    assert main([str(src), "-o", str(tmp_path / "no-cuda"), "--ignore", "CUD004,NPY", "-q"]) == 0
+    assert ".cuda()" in (tmp_path / "no-cuda" / "pretrain_glm.py").read_text()
+    assert "np.long" in (tmp_path / "no-cuda" / "blocklm_utils.py").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing-dir", "-o", "out"], "source not found"),
+    (["{src}", "-o", "{src}/ported"], "outside the source tree"),
+    (["{src}", "--select", "XYZ", "--check"], "unknown rule code or family: XYZ"),
+])
+def test_usage_errors_exit_2(argv, message, src, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert main([a.format(src=src) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_destination_not_empty_needs_force(src, tmp_path, capsys):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    assert main([str(src), "-o", str(dst), "-q"]) == 2
+    assert "destination is not empty" in capsys.readouterr().err
+    assert main([str(src), "-o", str(dst), "-q", "--force"]) == 0
+    assert not (dst / "keep.txt").exists() and (dst / "pretrain_glm.py").exists()
+
+
+def test_missing_destination_is_a_usage_error(src, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([str(src)])
+    assert exc.value.code == 2
+    assert "-o DST or --in-place" in capsys.readouterr().err
+
+
+def test_failed_write_leaves_no_destination(src, tmp_path, monkeypatch):
+    """DST is complete or absent: a failure while copying leaves neither DST nor a staging directory."""
+    def broken_copy(*args, **kwargs):
+        raise OSError(28, "No space left on device", "config/config_block_tiny.json")
+
+    monkeypatch.setattr(runner.shutil, "copy2", broken_copy)
+    assert main([str(src), "-o", str(tmp_path / "out"), "-q"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["GLM"]
+
+
+def test_single_file(src, capsys):
+    assert main([str(src / "mpu" / "grads.py"), "--diff", "-q"]) == 0
+    assert "+from shim.compat.six import inf" in capsys.readouterr().out
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "migrate.cli", "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--diff", "--check", "-j N", "--select CODES", "--ignore CODES", "--report PATH", "--quiet",
+                 "--in-place", "exit status"):
+        assert flag in out.stdout
