@@ -4,9 +4,12 @@
   ``get_rank``, ``new_group``... are torch's own with a process group, and
   world-of-one identities without one; ``init_process_group`` maps ``nccl`` to
   ``gloo`` without CUDA and needs no launcher for a world of one.
-- :mod:`shim.distributed.data_parallel`: ``DistributedDataParallel``.
+- :mod:`shim.distributed.data_parallel`: ``DistributedDataParallel``; ``data_parallel(module)``
+  (DDP or FSDP2 over the layout's ``dp`` dim).
 - :mod:`shim.distributed.layout`: ``setup_dist_util`` (LiBai's four numbers -> DeviceMeshes),
   ``get_layer_placement``, ``get_nd_sbp``, ``get_hidden_sbp``, ``is_main_process``.
+- :mod:`shim.distributed.pipeline`: ``stage_layers``, ``pipeline_schedule``
+  (torch.distributed.pipelining over the layout's ``pp`` dim).
 
 Every other name is torch.distributed's own object.
 """
@@ -25,13 +28,16 @@ _COLLECTIVES = (
 
 _LAYOUT = (
     "ParallelLayout current_layout ensure_divisible get_dist_util get_hidden_sbp get_layer_placement "
-    "get_nd_sbp is_main_process reset_dist_util setup_dist_util"
+    "get_nd_sbp is_main_process reset_dist_util setup_dist_util world_size"
 ).split()
 
 # name -> module that defines it (imported on first use)
 _OWN = {
     **{name: "shim.distributed.collectives" for name in _COLLECTIVES},
     "DistributedDataParallel": "shim.distributed.data_parallel",
+    "data_parallel": "shim.distributed.data_parallel",
+    "pipeline_schedule": "shim.distributed.pipeline",
+    "stage_layers": "shim.distributed.pipeline",
     **{name: "shim.distributed.layout" for name in _LAYOUT},
 }
 

@@ -54,3 +54,27 @@ class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
 def _on_accelerator(module: torch.nn.Module) -> bool:
     return any(p.device.type not in ("cpu", "meta") for p in module.parameters())
 
+
+
+def data_parallel(module: torch.nn.Module, *, shard: bool = False) -> torch.nn.Module:
+    """Make ``module`` data parallel over the layout's ``dp`` dim, with PyTorch's own engines.
+
+    - ``shard=False`` and no DTensor parameters: torch DDP on the ``dp`` group
+      (gradients averaged; ``.module`` is the model).
+    - ``shard=True``, or tensor-parallel (DTensor) parameters, which DDP cannot
+      take: FSDP2 ``fully_shard`` on the ``dp`` mesh (parameters and gradients
+      sharded over ``dp``, averaged; the module itself is returned, sharded).
+
+    With a data-parallel size of 1 the module is returned unchanged.
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from shim.distributed.layout import get_dist_util
+
+    layout = get_dist_util()
+    if layout.data_parallel_size == 1:
+        return module
+    if shard or any(isinstance(p, DTensor) for p in module.parameters()):
+        return fully_shard(module, mesh=layout.data_parallel_mesh)
+    return _TorchDDP(module, process_group=layout.data_parallel_mesh.get_group())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as _dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard
@@ -97,6 +96,17 @@ class ParallelLayout:
             return layer_idx // per_stage
         return p - extra + (layer_idx - first_long_layer) // (per_stage + 1)
 
+    def stage_layers(self, stage: int) -> range:
+        """The layer indices pipeline stage ``stage`` holds (the inverse of ``layer_stage``)."""
+        if not 0 <= stage < self.pipeline_parallel_size:
+            raise IndexError(f"stage {stage} is outside the pipeline's {self.pipeline_parallel_size} stages")
+        per_stage, extra = divmod(self.pipeline_num_layers, self.pipeline_parallel_size)
+        short_stages = self.pipeline_parallel_size - extra
+        if stage < short_stages:
+            return range(stage * per_stage, (stage + 1) * per_stage)
+        start = short_stages * per_stage + (stage - short_stages) * (per_stage + 1)
+        return range(start, start + per_stage + 1)
+
 
 def _resolve_sizes(world, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers):
     tp = tensor_parallel_size or 1
@@ -142,10 +152,13 @@ def setup_dist_util(
     if not _dist.is_initialized():
         init_process_group("nccl" if device_type == "cuda" else "gloo")
     mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    # Every rank builds every stage's mesh, in the same order: making groups is collective.
-    stage_meshes = [
-        DeviceMesh(device_type, mesh.mesh[stage], mesh_dim_names=("dp", "tp")) for stage in range(pp)
-    ]
+    stage_meshes = [mesh["dp", "tp"]]
+    if pp > 1:
+        # Other stages' meshes: every rank builds every one, in the same order (making
+        # groups is collective). This rank's own stage stays a slice of the root mesh,
+        # so its tensor-parallel DTensors compose with FSDP on the same root.
+        stage_meshes = [DeviceMesh(device_type, mesh.mesh[stage], mesh_dim_names=("dp", "tp")) for stage in range(pp)]
+        stage_meshes[mesh.get_local_rank("pp")] = mesh["dp", "tp"]
     _layout = ParallelLayout(dp, tp, pp, layers, device_type, mesh, stage_meshes)
     return _layout
 

@@ -38,9 +38,19 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from shim.distributed.layout import ensure_divisible, get_dist_util, get_layer_placement
 
-__all__ = ["Linear1D", "VocabParallelEmbedding", "strided_order"]
+__all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "strided_order"]
 
 _PARALLEL_MODES = ("col", "row", "data")
+
+
+def heads_per_rank(num_attention_heads: int) -> int:
+    """Attention heads on each tensor-parallel rank; a one-line error if they do not divide.
+
+    Call it before building the attention's layers, so a bad size fails before any collective.
+    """
+    return ensure_divisible(
+        num_attention_heads, get_dist_util().tensor_parallel_size, "num_attention_heads", "tensor_parallel_size"
+    )
 
 
 def _tensor_parallel_mesh(layer_idx: int):
