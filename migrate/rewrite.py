@@ -65,15 +65,18 @@ def rewrite_import(text: str, aliases: list[NewAlias], extra: list[str] = ()) ->
 def rewrite_import_from(text: str, groups: list[tuple[str, list[NewAlias]]], joiner: str) -> str:
     """``from m import a, b`` split into one statement per new module.
 
-    ``groups`` is ``[(module, aliases)]`` in order; the first reuses the original
-    statement (its parentheses and comments), the others are new statements joined by ``joiner``.
+    ``groups`` is ``[(module, aliases)]`` in order, module None for the original one; the first
+    reuses the original statement (its parentheses and comments), the others are new statements
+    joined by ``joiner``.
     """
     node = _small_statement(text)
     assert isinstance(node, cst.ImportFrom)
     statements = []
     for i, (module, aliases) in enumerate(groups):
+        where = {"module": node.module, "relative": node.relative} if module is None else \
+            {"module": _dotted(module), "relative": ()}
         if isinstance(node.names, cst.ImportStar):
-            statements.append(node.with_changes(module=_dotted(module), relative=()))
+            statements.append(node.with_changes(**where))
             continue
         names = []
         for new in aliases:
@@ -82,9 +85,9 @@ def rewrite_import_from(text: str, groups: list[tuple[str, list[NewAlias]]], joi
             names.append(cst.ImportAlias(name=cst.Name(new.name), asname=_as_name(new.asname) if new.asname else None))
         if i == 0:
             names = _keep_formatting(list(node.names), aliases, names)
-            statements.append(node.with_changes(module=_dotted(module), relative=(), names=names))
+            statements.append(node.with_changes(names=names, **where))
         else:
-            statements.append(cst.ImportFrom(module=_dotted(module), names=_fix_commas(names)))
+            statements.append(node.with_changes(names=_fix_commas(names), lpar=None, rpar=None, **where))
     return joiner.join(code(s) for s in statements)
 
 
