@@ -58,6 +58,14 @@ def _one_line(text: str, limit: int = 80) -> str:
     return text.replace("|", "\\|")
 
 
+def _after(change: dict) -> str:
+    if not change["after"]:
+        return "(removed)"
+    if change["after"] == change["before"]:
+        return f"(text unchanged, now `{change['target']}`)"
+    return f"`{_one_line(change['after'])}`"
+
+
 def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -> str:
     """A human-readable report; ``notes`` maps rule codes to their notes."""
     s = summary
@@ -91,9 +99,7 @@ def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -
         for f in changed:
             out += [f"### {f.path}", "", "| line | rule | before | after |", "| ---: | --- | --- | --- |"]
             for c in f.changes:
-                after = c["after"] if c["after"] != c["before"] else f"(unchanged text: now `{c['target']}`)"
-                out.append(f"| {c['line']} | {c['code']} | `{_one_line(c['before'])}` | "
-                           f"{'`' + _one_line(after) + '`' if c['after'] != c['before'] else after} |")
+                out.append(f"| {c['line']} | {c['code']} | `{_one_line(c['before'])}` | {_after(c)} |")
             out.append("")
     return "\n".join(out)
 
