@@ -4,7 +4,7 @@
   ``get_rank``, ``new_group``... are torch's own with a process group, and
   world-of-one identities without one; ``init_process_group`` maps ``nccl`` to
   ``gloo`` without CUDA and needs no launcher for a world of one.
-- :mod:`shim.distributed.data_parallel`: ``DistributedDataParallel``; ``data_parallel(module)``
+- :mod:`shim.distributed.ddp`: ``DistributedDataParallel``; ``data_parallel(module)``
   (DDP or FSDP2 over the layout's ``dp`` dim).
 - :mod:`shim.distributed.layout`: ``setup_dist_util`` (LiBai's four numbers -> DeviceMeshes),
   ``get_layer_placement``, ``get_nd_sbp``, ``get_hidden_sbp``, ``is_main_process``.
@@ -34,8 +34,8 @@ _LAYOUT = (
 # name -> module that defines it (imported on first use)
 _OWN = {
     **{name: "shim.distributed.collectives" for name in _COLLECTIVES},
-    "DistributedDataParallel": "shim.distributed.data_parallel",
-    "data_parallel": "shim.distributed.data_parallel",
+    "DistributedDataParallel": "shim.distributed.ddp",
+    "data_parallel": "shim.distributed.ddp",
     "pipeline_schedule": "shim.distributed.pipeline",
     "stage_layers": "shim.distributed.pipeline",
     **{name: "shim.distributed.layout" for name in _LAYOUT},

@@ -15,6 +15,16 @@ def test_torch_names_forward():
     assert sdist.is_initialized is dist.is_initialized
 
 
+def test_own_names_resolve_to_their_objects_after_submodule_imports():
+    import importlib
+    import types
+
+    for module in set(sdist._OWN.values()):
+        importlib.import_module(module)  # importing a submodule must not shadow a public name
+    for name in sdist._OWN:
+        assert not isinstance(getattr(sdist, name), types.ModuleType), name
+
+
 def test_collectives_without_process_group_are_identities():
     assert not dist.is_initialized()
     assert sdist.get_rank() == 0 and sdist.get_world_size() == 1

@@ -1,4 +1,5 @@
-"""``DistributedDataParallel`` that also wraps a model in one process or on CPU."""
+"""Data parallel: ``DistributedDataParallel`` that also wraps a model in one process or on CPU,
+and ``data_parallel()`` over the layout's ``dp`` dim."""
 
 from __future__ import annotations
 
