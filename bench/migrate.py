@@ -1,0 +1,75 @@
+"""How long ``glm-migrate`` takes on a whole tree (the bar: THUDM/GLM, 69 files, 22k lines, <= 5 s wall).
+
+    python bench/migrate.py [SRC] [--repeats N] [--baseline]
+
+Times the real command (a fresh process each run, start-up included) writing a
+full DST, with ``-j 1`` and with the default (one worker per core). ``--baseline``
+also times what a libcst-only design would pay before rewriting anything: parsing
+every file into a full libcst tree, with and without libcst's scope analysis
+(``QualifiedNameProvider``), which is why the analysis runs on the stdlib ``ast``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_SRC = Path(__file__).resolve().parents[1].parent / "upstream"
+
+
+def time_command(src: Path, jobs: int | None, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            command = [sys.executable, "-m", "migrate.cli", str(src), "-o", f"{tmp}/out", "--quiet"]
+            if jobs is not None:
+                command += ["-j", str(jobs)]
+            start = time.perf_counter()
+            subprocess.run(command, check=True)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def time_libcst(files: list[Path], with_names: bool) -> float:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper, QualifiedNameProvider
+
+    start = time.perf_counter()
+    for path in files:
+        module = cst.parse_module(path.read_bytes())
+        if with_names:
+            MetadataWrapper(module).resolve(QualifiedNameProvider)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", nargs="?", type=Path, default=DEFAULT_SRC, help=f"tree to migrate (default {DEFAULT_SRC})")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--baseline", action="store_true", help="also time libcst-only parsing and name resolution")
+    args = p.parse_args()
+    if not args.src.is_dir():
+        sys.exit(f"bench/migrate.py: no source tree at {args.src}")
+    files = sorted(args.src.rglob("*.py"))
+    lines = sum(len(f.read_bytes().splitlines()) for f in files)
+    load = os.getloadavg()[0]
+    print(f"tree: {args.src} ({len(files)} Python files, {lines} lines); {os.cpu_count()} cores, load {load:.1f}")
+    print(f"{'variant':<34} {'best s':>8} {'median s':>9} {'lines/s':>9}")
+    for label, jobs in (("glm-migrate -j 1", 1), ("glm-migrate (default -j)", None)):
+        times = time_command(args.src, jobs, args.repeats)
+        best = min(times)
+        print(f"{label:<34} {best:8.2f} {statistics.median(times):9.2f} {lines / best:9.0f}")
+    if args.baseline:
+        for label, names in (("libcst parse only", False), ("libcst parse + QualifiedNameProvider", True)):
+            seconds = time_libcst(files, names)
+            print(f"{label:<34} {seconds:8.2f} {'':>9} {lines / seconds:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
