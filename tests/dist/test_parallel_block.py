@@ -1,5 +1,6 @@
 """A small pre-LN transformer block under tensor parallel 2, data parallel 2 (DDP and FSDP2) and
-pipeline parallel 2 matches the same block run whole in one process (fp32, 1e-5)."""
+pipeline parallel 2, and on four ranks under TP 2 x DP 2 (FSDP2) and TP 2 x PP 2, matches the same
+block run whole in one process (fp32, 1e-5)."""
 
 import copy
 import contextlib
@@ -52,6 +53,11 @@ def layout(**sizes):
         sdist.reset_dist_util()
 
 
+def _seeded_block(layer_idx):
+    torch.manual_seed(layer_idx)  # per layer, so a pipeline stage can build its layers alone
+    return Block(layer_idx=layer_idx)
+
+
 def _inputs():
     g = torch.Generator().manual_seed(1)
     return torch.randn(BATCH, SEQ, HIDDEN, generator=g), torch.randn(BATCH, SEQ, HIDDEN, generator=g)
@@ -60,8 +66,7 @@ def _inputs():
 def _reference(num_layers=1):
     """The whole model and its gradients for mse(model(x), y), built as one process would."""
     with layout(data_parallel_size=dist.get_world_size()):  # tensor-parallel size 1: plain layers
-        torch.manual_seed(0)
-        model = nn.Sequential(*[Block(layer_idx=i) for i in range(num_layers)])
+        model = nn.Sequential(*[_seeded_block(i) for i in range(num_layers)])
     x, y = _inputs()
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
@@ -86,8 +91,7 @@ def _assert_grads_match(model, reference, tp_size=1):
 def check_tensor_parallel_2():
     reference, reference_loss = _reference()
     with layout(tensor_parallel_size=2):
-        torch.manual_seed(0)
-        block = Block()
+        block = _seeded_block(0)
         assert isinstance(block.query_key_value.weight, DTensor)
         x, y = _inputs()
         loss = nn.functional.mse_loss(block(x), y)
@@ -99,8 +103,7 @@ def check_tensor_parallel_2():
 def check_data_parallel_2_ddp():
     reference, reference_loss = _reference()
     with layout(data_parallel_size=2):
-        torch.manual_seed(0)
-        model = sdist.data_parallel(Block())
+        model = sdist.data_parallel(_seeded_block(0))
         assert isinstance(model, nn.parallel.DistributedDataParallel)
         x, y = (t.chunk(2)[dist.get_rank()] for t in _inputs())
         loss = nn.functional.mse_loss(model(x), y)
@@ -113,8 +116,7 @@ def check_data_parallel_2_ddp():
 def check_data_parallel_2_fsdp():
     reference, _ = _reference()
     with layout(data_parallel_size=2):
-        torch.manual_seed(0)
-        model = sdist.data_parallel(Block(), shard=True)
+        model = sdist.data_parallel(_seeded_block(0), shard=True)
         assert isinstance(model.dense.weight, DTensor)  # parameters sharded over dp
         x, y = (t.chunk(2)[dist.get_rank()] for t in _inputs())
         nn.functional.mse_loss(model(x), y).backward()
@@ -148,7 +150,36 @@ def check_bad_configuration_fails_before_collectives():
         sdist.setup_dist_util(data_parallel_size=2, tensor_parallel_size=2)
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+def check4_tensor_parallel_2_with_fsdp_data_parallel_2():
+    reference, reference_loss = _reference()
+    with layout(tensor_parallel_size=2, data_parallel_size=2):
+        model = sdist.data_parallel(_seeded_block(0))  # DTensor weights: FSDP2 on the same root mesh
+        x, y = (t.chunk(2)[sdist.current_layout().data_parallel_rank] for t in _inputs())
+        nn.functional.mse_loss(model(x), y).backward()
+        _assert_grads_match(model, reference[0], tp_size=2)
+
+
+def check4_tensor_parallel_2_with_pipeline_parallel_2():
+    reference, reference_loss = _reference(num_layers=2)
+    with layout(tensor_parallel_size=2, pipeline_parallel_size=2, pipeline_num_layers=2):
+        stage = sdist.current_layout().pipeline_stage
+        stage_module = nn.Sequential(*[_seeded_block(i) for i in sdist.stage_layers()])
+        schedule = sdist.pipeline_schedule(stage_module, n_microbatches=2, loss_fn=nn.functional.mse_loss)
+        x, y = _inputs()
+        if stage == 0:
+            schedule.step(x)
+        else:
+            losses = []
+            schedule.step(target=y, losses=losses)
+            torch.testing.assert_close(torch.stack(losses).mean(), reference_loss, **TOL)
+        _assert_grads_match(stage_module[0], reference[stage], tp_size=2)
+
+
+def _checks(prefix):
+    return {name[len(prefix):]: fn for name, fn in globals().items() if name.startswith(prefix)}
+
+
+CHECKS, CHECKS4 = _checks("check_"), _checks("check4_")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +187,16 @@ def two_ranks(launch):
     return launch(CHECKS)
 
 
+@pytest.fixture(scope="module")
+def four_ranks(launch):
+    return launch(CHECKS4, world_size=4)
+
+
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_on_two_ranks(two_ranks, name):
     two_ranks.assert_passed(name)
+
+
+@pytest.mark.parametrize("name", list(CHECKS4))
+def test_on_four_ranks(four_ranks, name):
+    four_ranks.assert_passed(name)
