@@ -112,7 +112,7 @@ class _FileMigration:
         self.source, self.tree, self.index, self.rules, self.report = source, tree, index, rules, report
         self.module, self.is_package = module, is_package
         self.text = _Lines(source)
-        self.scopes = collect(tree, index, module, is_package)
+        self.scopes = collect(tree, index, module, is_package, frozenset(rules.methods))
         self.edits: list[_Edit] = []
         self.handled: set[int] = set()  # ids of call callees rewritten with their call
         self.consumed: Counter[str] = Counter()  # name -> reads removed by rewrites

@@ -40,8 +40,11 @@ class Exports:
 class ModuleIndex:
     """Modules of one source tree, keyed by dotted name."""
 
-    def __init__(self, root: Path, python_files: list[Path]):
+    def __init__(self, root: Path, python_files: list[Path], reexport_words: frozenset[str] | None = None):
+        """``reexport_words``: when given, only modules whose text mentions one of these names are
+        read for re-exports (the others cannot lead to a rule), which saves parsing most of the tree."""
         self.root = root
+        self.reexport_words = [w.encode() for w in reexport_words] if reexport_words is not None else None
         self.files: dict[str, Path] = {}
         self.packages: set[str] = set()
         for rel in python_files:
@@ -99,7 +102,10 @@ class ModuleIndex:
         if rel is None:
             return exports
         try:
-            tree = ast.parse((self.root / rel).read_bytes())
+            data = (self.root / rel).read_bytes()
+            if self.reexport_words is not None and not any(w in data for w in self.reexport_words):
+                return exports
+            tree = ast.parse(data)
         except (SyntaxError, ValueError, OSError):
             return exports
         is_package = rel.name == "__init__.py"

@@ -6,6 +6,7 @@ runtime import redirection (``glm-mock``). See ``rules/README.md`` for the schem
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -133,6 +134,15 @@ class RuleSet:
                 # a call into the tree may be reached through a re-export under its own name
                 words.add(rule.match.rpartition(".")[2])
         return frozenset(words)
+
+    def reexport_words(self) -> frozenset[str]:
+        """Names whose re-exports matter: only ``call`` rules (and their templates) match inside a tree."""
+        names = [r.match for r in self.calls.values()] + [n for r in self.calls.values() for n in _template_names(r)]
+        return frozenset(name.rpartition(".")[2] for name in names)
+
+
+def _template_names(rule: Rule) -> list[str]:
+    return [name for text in rule.args.get("add", {}).values() for name in re.findall(r"\{([\w.]+)\}", text)]
 
 
 def mapped_name(rule: Rule, name: str) -> str | None:

@@ -64,7 +64,7 @@ _worker: dict = {}
 
 
 def _init_worker(root: Path, python_files: list[Path], rules: RuleSet) -> None:
-    _worker.update(index=ModuleIndex(root, python_files), rules=rules,
+    _worker.update(index=ModuleIndex(root, python_files, rules.reexport_words()), rules=rules,
                    triggers=[w.encode() for w in rules.trigger_words()])
 
 

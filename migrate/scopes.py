@@ -102,9 +102,41 @@ def dotted_parts(node: ast.expr) -> tuple[ast.Name, tuple[str, ...]] | None:
     return node, (node.id, *reversed(attrs))
 
 
+# nodes that never hold a name: not worth a visit
+_LEAVES = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop, ast.Constant)
+
+
 class _Collector(ast.NodeVisitor):
-    def __init__(self, index: ModuleIndex, module: str, is_package: bool):
+    """One walk over the file. ``visit``/``generic_visit`` are ast.NodeVisitor's, made cheaper:
+    the walk is most of the analysis time, so handlers are looked up once per node type."""
+
+    _handlers: dict[type, object] = {}
+
+    def visit(self, node: ast.AST) -> None:
+        kind = type(node)
+        handler = self._handlers.get(kind, _LEAVES)
+        if handler is _LEAVES:
+            handler = self._handlers[kind] = getattr(type(self), "visit_" + kind.__name__, None)
+        if handler is None:
+            self.generic_visit(node)
+        else:
+            handler(self, node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast.AST) and not isinstance(item, _LEAVES):
+                        self.visit(item)
+            elif isinstance(value, ast.AST) and not isinstance(value, _LEAVES):
+                self.visit(value)
+
+    def __init__(self, index: ModuleIndex, module: str, is_package: bool, roots: set[str] | None,
+                 methods: frozenset[str]):
         self.index, self.module_name, self.is_package = index, module, is_package
+        # only references rooted at these names (None: any, with a star import) or calls of these methods matter
+        self.roots, self.methods = roots, methods
         self.scope = Scope("module", None)
         self.imports: list[ImportBinding] = []
         self.chains: list[Chain] = []
@@ -135,12 +167,15 @@ class _Collector(ast.NodeVisitor):
     def visit_Global(self, node: ast.Global) -> None:
         self.scope.global_names.update(node.names)
 
+    def _wanted(self, name: str) -> bool:
+        return self.roots is None or name in self.roots
+
     def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Load):
+        if not isinstance(node.ctx, ast.Load):
+            self.scope.bind(node.id, OTHER)
+        elif self._wanted(node.id):
             self.name_loads[node.id] = self.name_loads.get(node.id, 0) + 1
             self.chains.append(Chain(node, node, (node.id,), self.scope, self.in_fstring > 0))
-        else:
-            self.scope.bind(node.id, OTHER)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         found = dotted_parts(node)
@@ -148,8 +183,9 @@ class _Collector(ast.NodeVisitor):
             self.generic_visit(node)
             return
         root, parts = found
-        self.name_loads[root.id] = self.name_loads.get(root.id, 0) + 1
-        self.chains.append(Chain(node, root, parts, self.scope, self.in_fstring > 0))
+        if self._wanted(root.id):
+            self.name_loads[root.id] = self.name_loads.get(root.id, 0) + 1
+            self.chains.append(Chain(node, root, parts, self.scope, self.in_fstring > 0))
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         self.in_fstring += 1
@@ -157,7 +193,9 @@ class _Collector(ast.NodeVisitor):
         self.in_fstring -= 1
 
     def visit_Call(self, node: ast.Call) -> None:
-        if not self.in_fstring:
+        func = node.func
+        if not self.in_fstring and (isinstance(func, ast.Attribute) and func.attr in self.methods or (
+                (found := dotted_parts(func)) is not None and self._wanted(found[0].id))):
             self.calls.append((node, self.scope))
         self.generic_visit(node)
 
@@ -231,25 +269,37 @@ class _Collector(ast.NodeVisitor):
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension
 
 
-def _import_containers(body: list[ast.stmt], container: dict[int, list[ast.stmt]]) -> None:
+def _import_statements(body: list[ast.stmt], found: list[tuple[ast.stmt, list[ast.stmt]]]) -> None:
+    """Every import statement with the statement list holding it, without walking expressions."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            container[id(node)] = body
+            found.append((node, body))
         for field_name in ("body", "orelse", "finalbody"):
             inner = getattr(node, field_name, None)
             if isinstance(inner, list):
-                _import_containers(inner, container)
+                _import_statements(inner, found)
         for handler in getattr(node, "handlers", ()):
-            _import_containers(handler.body, container)
+            _import_statements(handler.body, found)
         for case in getattr(node, "cases", ()):
-            _import_containers(case.body, container)
+            _import_statements(case.body, found)
 
 
-def collect(tree: ast.Module, index: ModuleIndex, module: str, is_package: bool) -> FileScopes:
-    collector = _Collector(index, module, is_package)
+def collect(tree: ast.Module, index: ModuleIndex, module: str, is_package: bool,
+            methods: frozenset[str] = frozenset()) -> FileScopes:
+    """Bindings, scopes and the references that could matter: rooted at an imported name, or calls
+    of ``methods``."""
+    statements: list[tuple[ast.stmt, list[ast.stmt]]] = []
+    _import_statements(tree.body, statements)
+    roots: set[str] | None = set()
+    for stmt, _ in statements:
+        for alias in stmt.names:
+            if alias.name == "*":
+                roots = None  # any free name may come from it
+                break
+            roots.add(alias.asname or alias.name.split(".")[0])
+        if roots is None:
+            break
+    collector = _Collector(index, module, is_package, roots, methods)
     collector.visit(tree)
-    container: dict[int, list[ast.stmt]] = {}
-    _import_containers(tree.body, container)
-    return FileScopes(
-        collector.scope, collector.imports, collector.chains, collector.calls, collector.name_loads, container
-    )
+    return FileScopes(collector.scope, collector.imports, collector.chains, collector.calls,
+                      collector.name_loads, {id(stmt): body for stmt, body in statements})

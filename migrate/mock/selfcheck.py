@@ -42,7 +42,7 @@ PRETRAIN_FLAGS = [
     "--batch-size", "4", "--lr", "1e-3", "--lr-decay-style", "cosine", "--warmup", "0.05",
     "--train-data", "test", "--no-lazy-loader", "--split", "949,50,1", "--num-workers", "0",
     "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-model-type", "bert-base-uncased",
-    "--distributed-backend", "gloo", "--log-interval", "1", "--eval-interval", "100000",
+    "--distributed-backend", "gloo", "--log-interval", "1", "--eval-interval", "100000", "--eval-iters", "2",
     "--save-interval", "100000", "--seed", "1234",
 ]  # fmt: skip
 MPU_TESTS = ["test_cross_entropy.py", "test_data.py", "test_initialize.py", "test_layers.py", "test_random.py"]
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "(2 layers, hidden 64, fp32, --train-data test) and the mpu/tests scripts.",
     )
     parser.add_argument("upstream", type=Path, help="THUDM/GLM checkout (left untouched; a copy is run)")
-    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="process counts for pretraining")
+    parser.add_argument("--nproc", type=int, nargs="*", default=[1, 2], help="process counts to pretrain with (none: skip)")
     parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--no-mpu-tests", action="store_true", help="skip upstream's mpu/tests scripts")
     parser.add_argument("--force", default="", help="passed to glm-mock: stand-ins win over installed packages")

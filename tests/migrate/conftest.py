@@ -45,7 +45,8 @@ def migrate(tmp_path):
             (root / rel).write_text(text, encoding="utf-8")
         files = [p.relative_to(root) for p in root.rglob("*.py")]
         rel = Path(name)
+        rules = RuleSet(load_rules(), select, ignore)
         return migrate_source(source, name, module_name(rel), rel.name == "__init__.py",
-                              ModuleIndex(root, files), RuleSet(load_rules(), select, ignore))
+                              ModuleIndex(root, files, rules.reexport_words()), rules)
 
     return run
