@@ -11,6 +11,7 @@ the tokenizer are unchanged. When the data's directory is read-only the cache go
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
@@ -46,12 +47,6 @@ class TokenizedCorpus:
         return len(self.ids)
 
     @classmethod
-    def from_documents(cls, documents: Sequence[Sequence[int]]) -> TokenizedCorpus:
-        lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
-        ids = np.fromiter((t for d in documents for t in d), dtype=np.int32, count=int(lengths.sum()))
-        return cls(ids, np.concatenate(([0], np.cumsum(lengths))))
-
-    @classmethod
     def concatenate(cls, parts: Sequence[TokenizedCorpus]) -> TokenizedCorpus:
         starts = np.cumsum([0] + [p.num_tokens for p in parts])
         offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
@@ -60,14 +55,25 @@ class TokenizedCorpus:
 
 def read_documents(path: str | Path, text_key: str = "text", prompt_key: str = "prompt") -> Iterator[str]:
     """The documents of one corpus file, in file order (empty ones skipped)."""
-    path = Path(path)
+    return (text for text, _ in _documents_and_progress(Path(path), text_key, prompt_key))
+
+
+def _documents_and_progress(path: Path, text_key: str, prompt_key: str) -> Iterator[tuple[str, int]]:
+    """(document, bytes of the file read so far) pairs."""
     if not path.is_file():
         raise FileNotFoundError(f"training data not found: {path}")
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:
         if path.suffix not in JSON_SUFFIXES:
-            yield from (doc.strip() for doc in f.read().split("\n\n") if doc.strip())
+            read = 0
+            for doc in f.read().decode("utf-8").split("\n\n"):
+                read += len(doc.encode("utf-8")) + 2
+                if doc.strip():
+                    yield doc.strip(), read
             return
-        for line_no, line in enumerate(f, 1):
+        read = 0
+        for line_no, raw in enumerate(f, 1):
+            read += len(raw)
+            line = raw.decode("utf-8")
             if not line.strip():
                 continue
             try:
@@ -79,7 +85,7 @@ def read_documents(path: str | Path, text_key: str = "text", prompt_key: str = "
                 raise ValueError(f"{path}:{line_no}: no {text_key!r} field (has: {keys}); choose text_key")
             text = str(record.get(prompt_key) or "") + str(record[text_key])
             if text.strip():
-                yield text
+                yield text, read
 
 
 def _file_sha256(path: Path) -> str:
@@ -144,16 +150,19 @@ def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = 
             cached = _load_cache(directory / name, stat, path)
             if cached is not None:
                 return cached
-    documents = list(read_documents(path, text_key, prompt_key))
-    if not documents:
+    # Stream in chunks and keep ids as int32 arrays: Python lists of ids would take ~9x the memory.
+    documents = _documents_and_progress(path, text_key, prompt_key)
+    ids, lengths = [], []
+    with tqdm(total=stat.st_size, desc=f"tokenizing {path.name}", unit="B", unit_scale=True,
+              disable=not progress) as bar:
+        while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
+            encoded = [d for d in tokenizer.encode_batch([text for text, _ in chunk]) if d]
+            lengths += [len(d) for d in encoded]
+            ids.append(np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32))
+            bar.update(min(chunk[-1][1], stat.st_size) - bar.n)
+    if not lengths:
         raise ValueError(f"{path}: no text in this corpus (empty file or only blank documents)")
-    ids: list[list[int]] = []
-    with tqdm(total=len(documents), desc=f"tokenizing {path.name}", unit="doc", disable=not progress) as bar:
-        for i in range(0, len(documents), _ENCODE_CHUNK):
-            chunk = tokenizer.encode_batch(documents[i: i + _ENCODE_CHUNK])
-            ids.extend(chunk)
-            bar.update(len(chunk))
-    corpus = TokenizedCorpus.from_documents([d for d in ids if d])
+    corpus = TokenizedCorpus(np.concatenate(ids), np.concatenate(([0], np.cumsum(lengths))))
     if cache:
         any(_write_cache(directory, name, corpus, stat, path) for directory in _cache_dirs(path))
     return corpus
