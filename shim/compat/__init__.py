@@ -7,8 +7,9 @@ very objects, or their absence), and both are idempotent. When the active device
 - ``torch.cuda.*`` as in ``shim.cuda`` (``FloatTensor``, ``set_device``, ``manual_seed``,
   ``get_rng_state``, ``_lazy_call``, ``Stream``, memory counters...; ``is_available()`` stays honest);
 - ``Tensor.cuda()`` / ``Module.cuda()`` and CUDA devices (``'cuda'``, ``torch.device('cuda', i)``, the
-  int ``torch.cuda.current_device()``) given to factories, ``.to()`` and ``Tensor.new_*``: they
-  land on the active device (see ``shim.compat.devices``);
+  int ``torch.cuda.current_device()``) given to factories, ``.to()``, ``Tensor.new_*`` and
+  ``torch.load(map_location=...)``: they land on the active device, as do GPU-saved tensors loaded
+  without a ``map_location`` (see ``shim.compat.devices``);
 - ``init_process_group`` / ``new_group`` with ``backend='nccl'``: gloo;
 - ``DistributedDataParallel(module, device_ids=[i], output_device=i)`` on a CPU module: the ids are dropped.
 
@@ -49,6 +50,7 @@ def _patches() -> list[tuple[object, str, object]]:
         (torch.nn.Module, "to", devices.to_mapped(torch.nn.Module.to)),
         (torch.Tensor, "cuda", devices.tensor_cuda),
         (torch.nn.Module, "cuda", devices.module_cuda),
+        (torch, "load", devices.load_mapped(torch.load)),
     ]
     c10d = torch.distributed.distributed_c10d
     for owner in (torch.distributed, c10d):

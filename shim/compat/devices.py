@@ -82,6 +82,22 @@ def to_mapped(to):
     return wrapper
 
 
+def load_mapped(load):
+    """``torch.load``: tensors saved on a GPU, and a CUDA ``map_location``, load onto the active device.
+
+    Without ``map_location`` torch restores tensors where they were saved and refuses CUDA ones
+    on a machine without CUDA; released GLM checkpoints were saved on GPUs.
+    """
+
+    @functools.wraps(load)
+    def wrapper(f, map_location=None, *args, **kwargs):
+        if map_location is None or means_cuda(map_location):
+            map_location = active_device()
+        return load(f, map_location, *args, **kwargs)
+
+    return wrapper
+
+
 def tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
     """``Tensor.cuda()`` without CUDA: a copy on the active device (the tensor itself if already there)."""
     return self.to(active_device(), non_blocking=non_blocking, memory_format=memory_format)

@@ -1,5 +1,6 @@
 """shim.compat.install(): CUDA-era calls on torch itself run on the active device; uninstall restores all."""
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -52,7 +53,7 @@ def test_uninstall_restores_every_patched_attribute_exactly():
         patched = changed(before, during)
         assert len(patched) > 60, patched
         for key in [("torch", "_six"), ("torch.cuda", "LongTensor"), ("torch", "zeros"), ("Tensor", "cuda"),
-                    ("Tensor", "to"), ("Module", "cuda"), ("DDP", "__init__"), ("c10d", "init_process_group")]:
+                    ("Tensor", "to"), ("Module", "cuda"), ("torch", "load"), ("DDP", "__init__"), ("c10d", "init_process_group")]:
             assert str(key) in patched, key
         shim.compat.uninstall()
         assert changed(before, snapshot()) == [], changed(before, snapshot())
@@ -156,6 +157,26 @@ def test_dot_cuda(compat):
     model = torch.nn.Linear(3, 2).cuda(torch.cuda.current_device())
     assert isinstance(model, torch.nn.Linear) and model.weight.device.type == "cpu"
     assert torch.nn.Linear(3, 2).half().cuda().weight.dtype == torch.float16
+
+
+def _gpu_saved_checkpoint(monkeypatch) -> io.BytesIO:
+    """A checkpoint whose tensors say they were saved on cuda:0, as released GLM checkpoints were."""
+    buffer = io.BytesIO()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save({"weight": torch.arange(3.0)}, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_load_gpu_saved_checkpoint(monkeypatch):
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(_gpu_saved_checkpoint(monkeypatch))
+    with shim.compat.installed():
+        for map_location in [None, "cuda", torch.device("cuda", 0), "cpu"]:
+            loaded = torch.load(_gpu_saved_checkpoint(monkeypatch), map_location)
+            assert loaded["weight"].device.type == "cpu" and loaded["weight"].tolist() == [0.0, 1.0, 2.0]
+        assert torch.load(_gpu_saved_checkpoint(monkeypatch), map_location="meta")["weight"].is_meta
 
 
 def test_seen_by_other_threads(compat):
