@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _normalise(argv: list[str]) -> list[str]:
     """``glm-mock`` alone means ``enable``; ``glm-mock --list`` means ``list``."""
-    if "--list" in argv:
+    if "--list" in argv and argv[0] != "run":  # after `run`, --list belongs to the command
         return ["list"] + [a for a in argv if a != "--list"]
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         return ["enable", *argv]

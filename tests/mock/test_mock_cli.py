@@ -45,3 +45,8 @@ def test_run_without_command_explains(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run"])
     assert "run: give a command" in capsys.readouterr().err
+
+
+def test_list_flag_after_run_belongs_to_the_command():
+    assert cli._normalise(["run", "--", "tool", "--list"]) == ["run", "--", "tool", "--list"]
+    assert cli._normalise(["--force", "apex", "--list"]) == ["list", "--force", "apex"]
