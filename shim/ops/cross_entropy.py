@@ -4,12 +4,14 @@
 the gradient ``(softmax(logits[i]) - onehot(labels[i])) * grad_loss[i]``.
 
 The composed formula (max, subtract, exp, sum, log, gather) keeps about three fp32
-copies of the logits alive across forward and backward. Here the forward saves only the
-logits it was given and one logsumexp per row; the backward writes the softmax, the
-one-hot correction and the output-gradient scaling into the gradient buffer itself, so
-it allocates that one logits-sized tensor and nothing else of that size. On CPU the rows
-are processed in cache-sized blocks (each block is read once per pass while it is still
-in cache), and half/bfloat16 logits are widened to fp32 one block at a time.
+copies of the logits alive across forward and backward. Here each path allocates ONE
+logits-sized buffer, and that buffer becomes the gradient:
+
+- fp32 on CPU: ``log_softmax`` (one row-parallel ATen kernel) is saved, and backward
+  exponentiates and scales it in place.
+- fp16/bf16 (and fp64) on CPU: the logits and an fp32 logsumexp per row are saved; backward
+  widens blocks of rows to fp32 one at a time, so no fp32 copy of the whole logits exists.
+- CUDA: as fp16/bf16, with the block loop replaced by a ``torch.compile``d kernel.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from torch.autograd.function import once_differentiable
 
 from shim.ops._cuda import compiled_on_first_use
 
-# Elements per CPU block: 4 MiB of fp32 stays in L3 while several passes run over it.
-# Measured (bench/cross_entropy.py, V=50304): 1 row/block loses to thread start-up
-# costs, whole-tensor passes lose to memory bandwidth; ~20 rows sits between.
-_BLOCK_ELEMENTS = 1 << 20
+# Elements per CPU block of the fp16/bf16 path (16 MiB once widened, inside L3). Smaller
+# blocks mean more parallel regions, which cost dearly when other processes share the cores.
+_BLOCK_ELEMENTS = 1 << 22
 
 
 def sparse_softmax_cross_entropy(logits, labels, *, process_group=None):
@@ -50,7 +51,7 @@ def sparse_softmax_cross_entropy(logits, labels, *, process_group=None):
         _check_inputs(logits, labels, check_range=False)
         return _vocab_parallel(logits, labels, process_group)
     _check_inputs(logits, labels, check_range=True)
-    return _SparseSoftmaxCrossEntropy.apply(logits, labels)
+    return _cross_entropy(logits, labels)
 
 
 def _vocab_parallel(local_logits, labels, group):
@@ -109,25 +110,64 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-class _SparseSoftmaxCrossEntropy(torch.autograd.Function):
+def _cross_entropy(logits, labels):
+    vocab = logits.shape[-1]
+    logits_2d = logits.reshape(-1, vocab)
+    labels_1d = labels.reshape(-1).long()
+    # fp64 is for checking numerics, so it takes the path that can be backpropagated twice.
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        loss = _LogSoftmaxCrossEntropy.apply(logits_2d, labels_1d)
+    else:
+        loss = _RecomputeCrossEntropy.apply(logits_2d, labels_1d)
+    return loss.view(labels.shape)
+
+
+class _LogSoftmaxCrossEntropy(torch.autograd.Function):
+    """fp32 on CPU: keep the log-softmax, and turn it into the gradient in place.
+
+    Forward is one row-parallel ATen kernel (each row stays in cache while it is reduced
+    and written); backward is two passes over the one logits-sized buffer, the saved
+    log-softmax, exponentiated and scaled where it lies. Like upstream's mpu version, the
+    graph can be backpropagated once: a second pass (``retain_graph=True``) is refused by
+    autograd's in-place check, not computed wrong. Few, large kernels also matter here:
+    each parallel region waits for every thread, which is slow on shared cores.
+    """
+
     @staticmethod
-    def forward(ctx, logits, labels):
-        vocab = logits.shape[-1]
-        logits_2d = logits.reshape(-1, vocab)
-        labels_1d = labels.reshape(-1).long()
+    def forward(ctx, logits_2d, labels_1d):
+        log_probs = torch.log_softmax(logits_2d, dim=1)
+        ctx.save_for_backward(log_probs, labels_1d)
+        return log_probs.gather(1, labels_1d[:, None]).squeeze(1).neg()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        log_probs, labels_1d = ctx.saved_tensors
+        grad_loss = grad_loss.to(log_probs.dtype)[:, None]
+        grad = log_probs.exp_().mul_(grad_loss)
+        return grad.scatter_add_(1, labels_1d[:, None], grad_loss.neg()), None
+
+
+class _RecomputeCrossEntropy(torch.autograd.Function):
+    """fp16/bf16/fp64 on CPU, and CUDA: keep the logits and one logsumexp per row (fp32 or wider).
+
+    Backward recomputes the softmax from them straight into the gradient (of the logits'
+    dtype). On CPU, rows go in blocks widened to fp32 one at a time, so no fp32 copy of the
+    whole logits exists; on CUDA one compiled kernel does it.
+    """
+
+    @staticmethod
+    def forward(ctx, logits_2d, labels_1d):
         lse = _logsumexp_rows(logits_2d)
-        target = logits_2d.gather(1, labels_1d[:, None]).squeeze(1)
         ctx.save_for_backward(logits_2d, labels_1d, lse)
-        ctx.logits_shape = logits.shape
-        return (lse - target.to(lse.dtype)).view(labels.shape)
+        return lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
         logits_2d, labels_1d, lse = ctx.saved_tensors
-        grad_loss_1d = grad_loss.reshape(-1).to(lse.dtype)
-        grad_logits = _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d)
-        return grad_logits.view(ctx.logits_shape), None
+        grad = _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss.to(lse.dtype))
+        return grad, None
 
 
 def _rows_per_block(vocab: int) -> int:
@@ -138,31 +178,24 @@ def _logsumexp_rows(logits_2d):
     if logits_2d.is_cuda:
         return _logsumexp_cuda(logits_2d)
     work = _work_dtype(logits_2d.dtype)
-    lse = torch.empty(logits_2d.shape[0], dtype=work, device=logits_2d.device)
+    lse = torch.empty(logits_2d.shape[0], dtype=work)
     step = _rows_per_block(logits_2d.shape[1])
     for start in range(0, logits_2d.shape[0], step):
-        block = logits_2d[start : start + step]
-        torch.logsumexp(block.to(work), dim=1, out=lse[start : start + step])
+        torch.logsumexp(logits_2d[start : start + step].to(work), dim=1, out=lse[start : start + step])
     return lse
 
 
 def _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
-    """``(exp(logits - lse) - onehot(labels)) * grad_loss``, in one logits-sized buffer."""
+    """``(exp(logits - lse) - onehot(labels)) * grad_loss`` in the logits' dtype, one logits-sized buffer."""
     if logits_2d.is_cuda:
         return _softmax_grad_cuda(logits_2d, labels_1d, lse, grad_loss_1d)
     grad = torch.empty_like(logits_2d, memory_format=torch.contiguous_format)
-    widen = grad.dtype != lse.dtype
     step = _rows_per_block(logits_2d.shape[1])
-    scratch = torch.empty((step, logits_2d.shape[1]), dtype=lse.dtype) if widen else None
     for start in range(0, logits_2d.shape[0], step):
         rows = slice(start, start + step)
-        out = scratch[: grad[rows].shape[0]] if widen else grad[rows]
-        torch.sub(logits_2d[rows], lse[rows, None], out=out)
-        out.exp_()
-        out.mul_(grad_loss_1d[rows, None])
-        out.scatter_add_(1, labels_1d[rows, None], grad_loss_1d[rows, None].neg())
-        if widen:
-            grad[rows].copy_(out)
+        block = torch.sub(logits_2d[rows], lse[rows, None]).exp_().mul_(grad_loss_1d[rows, None])
+        block.scatter_add_(1, labels_1d[rows, None], grad_loss_1d[rows, None].neg())
+        grad[rows].copy_(block)
     return grad
 
 

@@ -1,0 +1,74 @@
+"""Time and peak-memory measurement for the op benches: one fresh process per variant.
+
+Why a process per variant: torch's CPU allocator hands large blocks straight to the OS
+(glibc serves them with mmap and unmaps them on free), so the process's high-water RSS,
+``resource.getrusage(RUSAGE_SELF).ru_maxrss``, records the true peak of what a step
+allocated. A fresh process starts that high-water mark clean. The worker allocates and
+touches the inputs first, reads ru_maxrss as the baseline, runs ONE step, and reports
+``ru_maxrss - baseline`` as the step's extra peak. Tensor memory torch's profiler would
+report is not enough on its own: it misses what ATen kernels allocate outside tensors.
+The timed repeats run afterwards, in the same worker, on warm code paths. Wall time
+(median, min) is what a user waits; "cpu ms" is the process's CPU time per step (all
+threads), which other processes on shared cores disturb less (speedup uses the median).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MIB = 1 << 20
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def measure_step(step, repeats: int) -> dict:
+    """Run ``step()`` once for the extra peak RSS, then ``repeats`` times for wall time."""
+    baseline = peak_rss_bytes()
+    checksum = step()
+    extra_peak = peak_rss_bytes() - baseline
+    times, cpu_times = [], []
+    for _ in range(repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        step()
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    return {
+        "extra_peak_mib": extra_peak / MIB,
+        "median_ms": 1e3 * statistics.median(times),
+        "min_ms": 1e3 * min(times),
+        "cpu_ms": 1e3 * statistics.median(cpu_times),
+        "checksum": checksum,
+    }
+
+
+def run_worker(script: str, variant: str, argv: list[str]) -> dict:
+    """Run ``script --worker VARIANT argv...`` in a fresh interpreter; return its JSON result."""
+    done = subprocess.run(
+        [sys.executable, script, "--worker", variant, *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{variant}: worker failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_table(rows: list[dict], reference: str) -> None:
+    """One line per variant, with time and extra-peak ratios against ``reference``."""
+    ref = next(r for r in rows if r["variant"] == reference)
+    print(
+        f"{'variant':<10} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'extra peak MiB':>15} "
+        f"{'speedup':>8} {'peak ratio':>11}"
+    )
+    for r in rows:
+        speedup = ref["median_ms"] / r["median_ms"]
+        peak_ratio = r["extra_peak_mib"] / ref["extra_peak_mib"] if ref["extra_peak_mib"] > 0 else float("nan")
+        print(
+            f"{r['variant']:<10} {r['median_ms']:>10.1f} {r['min_ms']:>9.1f} {r['cpu_ms']:>9.1f} {r['extra_peak_mib']:>15.1f} "
+            f"{speedup:>7.2f}x {peak_ratio:>11.2f}"
+        )
