@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+import libcst as cst
+
 from migrate.index import ModuleIndex
 from migrate.report import FileReport
 from migrate.rewrite import ArgEdits, NewAlias, rewrite_call, rewrite_import, rewrite_import_from
@@ -43,7 +45,14 @@ def migrate_source(source: str, path: str, module: str, is_package: bool, index:
         line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         report.error = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}{line}"
         return source, report
-    return _FileMigration(source, tree, module, is_package, index, rules, report).run(), report
+    try:
+        return _FileMigration(source, tree, module, is_package, index, rules, report).run(), report
+    except RewriteError as exc:  # the file stays whole: every change or none
+        return source, FileReport(path, error=str(exc))
+
+
+class RewriteError(Exception):
+    """libcst could not take a statement or call the plan asked to rewrite."""
 
 
 @dataclass(eq=False)
@@ -218,23 +227,20 @@ class _FileMigration:
         if entry not in entries:
             entries.append(entry)
 
-    def _edit(self, node: ast.AST, render: Callable[[str], str], entry: dict | None = None,
-              rule: Rule | None = None) -> None:
+    def _edit(self, node: ast.AST, render: Callable[[str], str], entries: list[dict] = ()) -> None:
+        """Replace ``node``'s text by ``render(text)``; the result is also each entry's ``after``."""
         start, end = self.text.span(node)
 
-        def guarded(text: str) -> str:
+        def rendered(text: str) -> str:
             try:
                 result = render(text)
-            except Exception as exc:  # libcst could not take this construct: leave it, say so
-                self._leave(node.lineno, rule, f"not rewritten ({type(exc).__name__}: {exc}); {rule.note}")
-                if entry in self.report.changes:
-                    self.report.changes.remove(entry)
-                return text
-            if entry is not None:
+            except (cst.ParserSyntaxError, ValueError) as exc:
+                raise RewriteError(f"line {node.lineno}: cannot rewrite {text!r}: {exc}") from None
+            for entry in entries:
                 entry["after"] = result
             return result
 
-        self.edits.append(_Edit(start, end, guarded if rule is not None else render))
+        self.edits.append(_Edit(start, end, rendered))
 
     def _segment(self, node: ast.AST) -> str:
         start, end = self.text.span(node)
@@ -267,14 +273,14 @@ class _FileMigration:
         edits = ArgEdits.from_rule(rule.args, add)
         self._consume(chain.root.id, rule.code)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target)
-        self._edit(call, lambda text: rewrite_call(text, edits, func=func), entry, rule)
+        self._edit(call, lambda text: rewrite_call(text, edits, func=func), [entry])
 
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
         first = self._spell(rule.target, scope) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target + "()")
-        self._edit(call, lambda text: rewrite_call(text, edits, method=method, first=first), entry, rule)
+        self._edit(call, lambda text: rewrite_call(text, edits, method=method, first=first), [entry])
 
     # -- references -----------------------------------------------------------
     def _plan_references(self) -> None:
@@ -333,10 +339,10 @@ class _FileMigration:
             bindings = by_statement.get(id(stmt), [])
             at_top = self.scopes.container.get(id(stmt)) is self.tree.body
             if isinstance(stmt, ast.Import):
-                outcome = self._plan_import(stmt, bindings, seen_at_top if at_top else None)
+                gone = self._plan_import(stmt, bindings, seen_at_top if at_top else None)
             else:
-                outcome = self._plan_import_from(stmt, bindings)
-            if outcome == "removed":
+                gone = self._plan_import_from(stmt, bindings)
+            if gone:
                 removed.append(stmt)
         self._remove_statements(removed)
 
@@ -352,7 +358,8 @@ class _FileMigration:
         if rule is not None and rule.kind in ("unsupported", "report"):
             self._leave(line, rule)
 
-    def _plan_import(self, stmt: ast.Import, bindings: list[ImportBinding], seen_at_top) -> str | None:
+    def _plan_import(self, stmt: ast.Import, bindings: list[ImportBinding], seen_at_top) -> bool:
+        """Rewrite ``import a.b as c`` onto shim; True when the whole statement goes away."""
         aliases, extra, codes = [], [], {}
         for alias, binding in zip(stmt.names, bindings):
             if self._unused(binding):
@@ -378,23 +385,24 @@ class _FileMigration:
                     aliases[-1].removed = True  # `import torch.distributed` and `import torch` both became this
                 seen_at_top.update({key, (alias.name, alias.asname)})
         if not codes:
-            return None
+            return False
         if all(a.removed for a in aliases) and not extra:
             self._report_statement(stmt, codes, "")
-            return "removed"
+            return True
         self._statement_edit(stmt, codes, lambda text: rewrite_import(text, aliases, extra))
-        return None
+        return False
 
-    def _plan_import_from(self, stmt: ast.ImportFrom, bindings: list[ImportBinding]) -> str | None:
-        groups: dict[str | None, list[NewAlias]] = {}
+    def _plan_import_from(self, stmt: ast.ImportFrom, bindings: list[ImportBinding]) -> bool:
+        """Rewrite ``from m import a as b`` onto shim, one statement per new module; True when it goes away."""
+        groups: dict[str | None, list[NewAlias]] = {}  # new module (None: unchanged) -> its aliases
         codes: dict[str, None] = {}
-        if not bindings:  # from m import *
+        if stmt.names[0].name == "*":
             source = self.index.resolve_import(self.module, self.is_package, stmt.module, stmt.level)
             rule = None if self.index.is_tree_name(source) else self.rules.best(source)
             new = mapped_name(rule, source) if rule else None
             if new is None:
                 self._leave_import(stmt.lineno, source)
-                return None
+                return False
             codes[rule.code] = None
             groups[new] = []
         for alias, binding in zip(stmt.names, bindings):
@@ -413,14 +421,14 @@ class _FileMigration:
             asname = alias.asname or (alias.name if name != alias.name else None)
             groups.setdefault(module, []).append(NewAlias(name, asname))
         if not codes:
-            return None
+            return False
         if all(a.removed for aliases in groups.values() for a in aliases) and bindings:
             self._report_statement(stmt, codes, "")
-            return "removed"
+            return True
         kept = [(m, a) for m, a in groups.items() if not a or not all(x.removed for x in a)]
         joiner = self.text.newline + self._indent(stmt)
         self._statement_edit(stmt, codes, lambda text: rewrite_import_from(text, kept, joiner))
-        return None
+        return False
 
     def _indent(self, stmt: ast.stmt) -> str:
         line = self.text.lines[stmt.lineno - 1]
@@ -435,15 +443,7 @@ class _FileMigration:
         return next(r for r in self.rules.rules if r.code == code)
 
     def _statement_edit(self, stmt: ast.stmt, codes: dict[str, None], render: Callable[[str], str]) -> None:
-        entries = self._report_statement(stmt, codes, "")
-
-        def rendered(text: str) -> str:
-            result = render(text)
-            for entry in entries:
-                entry["after"] = result
-            return result
-
-        self._edit(stmt, rendered, None, self._rule(next(iter(codes))))
+        self._edit(stmt, render, self._report_statement(stmt, codes, ""))
 
     def _remove_statements(self, removed: list[ast.stmt]) -> None:
         gone = {id(s) for s in removed}
