@@ -27,6 +27,8 @@ import numpy as np
 import shim as torch
 import shim.distributed as dist
 from glm_port.config import GLMConfig
+from glm_port.model import HF_PREFIX
+from glm_port.parallel import local_state_dict
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -161,20 +163,21 @@ def model_weights(checkpoint: dict) -> dict:
     return weights
 
 
+def _without_hf_prefix(weights: dict) -> dict:
+    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
+
+
 def check_fits(weights: dict, model_state: dict, source) -> None:
     """One-line error when ``weights`` were made for another architecture than ``model_state``."""
-    prefix = "glm."
-    names = {k[len(prefix):] if k.startswith(prefix) else k for k in weights}
-    shapes = {(k[len(prefix):] if k.startswith(prefix) else k): tuple(v.shape) for k, v in weights.items()}
-    missing = [k for k in model_state if k not in names]
+    missing = [k for k in model_state if k not in weights]
     if missing:
         raise CheckpointError(
             f"{source} does not fit this model: it lacks {len(missing)} of the model's weights, e.g. {missing[0]}"
         )
     for key, value in model_state.items():
-        if shapes[key] != tuple(value.shape):
+        if weights[key].shape != value.shape:
             raise CheckpointError(
-                f"{source} does not fit this model: {key} is {list(shapes[key])} there, "
+                f"{source} does not fit this model: {key} is {list(weights[key].shape)} there, "
                 f"{list(value.shape)} here"
             )
 
@@ -184,10 +187,12 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     """Load ``--load`` into ``model`` (and the training state when present); returns the iteration."""
     path = find_checkpoint(load, tp_rank)
     sd = read_checkpoint(path)
-    weights = model_weights(sd)
-    target = model.state_dict()
+    weights = _without_hf_prefix(model_weights(sd))
+    target = local_state_dict(model)  # this rank's shards under tensor parallel, as upstream's files hold
     check_fits(weights, target, path)
-    model.load_state_dict(weights, strict=False)  # extra keys (e.g. an HF head) are not ours to load
+    with torch.no_grad():  # extra keys (e.g. an HF head) are not ours to load
+        for name, tensor in target.items():
+            tensor.copy_(weights[name])
     if "glm_config" not in sd:
         # Upstream's or Hugging Face's file: its optimizer state is apex's/DeepSpeed's, so take the
         # weights and start a new run from them.

@@ -46,7 +46,9 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.heads = tp.divide(config.num_attention_heads, "attention heads")
         self.head_dim = config.head_dim
-        self.query_key_value = tp.column_linear(config.hidden_size, 3 * config.hidden_size, _normal_(config.init_method_std))
+        self.query_key_value = tp.column_linear(
+            config.hidden_size, 3 * config.hidden_size, _normal_(config.init_method_std), thirds=True
+        )
         self.dense = tp.row_linear(config.hidden_size, config.hidden_size, output_init)
         self.attention_dropout = config.attention_dropout_prob
         self.output_dropout = config.output_dropout_prob
@@ -66,7 +68,8 @@ class SelfAttention(nn.Module):
         context = context.transpose(1, 2).flatten(2)
         # Under autocast the matmul is half precision; the residual stream stays in its own dtype.
         out = self.tp.row_matmul(self.dense, context).to(residual.dtype)
-        return F.fused_bias_add_dropout(out, self.dense.bias, self.output_dropout, self.training, residual=residual)
+        bias = self.tp.local(self.dense.bias)
+        return F.fused_bias_add_dropout(out, bias, self.output_dropout, self.training, residual=residual)
 
 
 class MLP(nn.Module):
@@ -82,9 +85,10 @@ class MLP(nn.Module):
 
     def forward(self, x, residual):
         hidden = self.tp.column_matmul(self.dense_h_to_4h, x)
-        hidden = F.fused_bias_add_gelu(hidden, self.dense_h_to_4h.bias.to(hidden.dtype))
+        hidden = F.fused_bias_add_gelu(hidden, self.tp.local(self.dense_h_to_4h.bias).to(hidden.dtype))
         out = self.tp.row_matmul(self.dense_4h_to_h, hidden).to(residual.dtype)
-        return F.fused_bias_add_dropout(out, self.dense_4h_to_h.bias, self.dropout, self.training, residual=residual)
+        bias = self.tp.local(self.dense_4h_to_h.bias)
+        return F.fused_bias_add_dropout(out, bias, self.dropout, self.training, residual=residual)
 
 
 class TransformerLayer(nn.Module):
@@ -197,7 +201,7 @@ class GLMModel(nn.Module):
         hidden = self.word_embeddings(input_ids)
         hidden, new_mems = self.transformer(hidden, position_ids, attention_mask, mems, return_memory=return_memory)
         # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.
-        logits = F.linear(self.tp.copy_to_parallel(hidden), self.word_embeddings.weight)
+        logits = self.tp.tied_logits(hidden, self.word_embeddings)
         return (logits, *new_mems)
 
 

@@ -16,10 +16,27 @@ import shim as torch
 import shim.distributed as dist
 import shim.nn as nn
 import shim.nn.functional as F
+from shim.distributed.tensor import DTensor, Replicate, Shard
+
+
+def _local(tensor):
+    """This rank's part of a parameter, gradient or output (the tensor itself when not sharded)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def local_state_dict(model) -> dict:
+    """The model's weights as this rank holds them: upstream's ``mp_rank_XX`` layout."""
+    return {name: _local(value) for name, value in model.state_dict().items()}
 
 
 class TensorParallel:
-    """Builds GLM's linear layers and embedding for ``size`` tensor-parallel ranks."""
+    """Builds GLM's linear layers and embedding for ``size`` tensor-parallel ranks.
+
+    Layers are shim's ``Linear1D`` / ``VocabParallelEmbedding`` (DTensor shards on the mesh's ``tp``
+    dim), initialised whole from the same seed as one process, so a tensor-parallel run starts from
+    the very weights a single process would. The matmuls whose bias is fused into the next op go
+    through DTensor here; the rest is the layers' own forward.
+    """
 
     def __init__(self, size: int = 1, rank: int = 0, group=None):
         self.size, self.rank, self.group = size, rank, group
@@ -29,35 +46,71 @@ class TensorParallel:
             raise ValueError(f"{n} {what} do not split over tensor-parallel size {self.size}")
         return n // self.size
 
-    def _linear(self, in_features, out_features, init):
+    def _plain_linear(self, in_features, out_features, init):
         layer = nn.Linear(in_features, out_features)
         init(layer.weight)
         nn.init.zeros_(layer.bias)
         return layer
 
-    def column_linear(self, in_features, out_features, init):
-        return self._linear(in_features, out_features, init)
+    def column_linear(self, in_features, out_features, init, thirds: bool = False):
+        """``in -> out`` split by output rows. ``thirds``: a fused Q|K|V weight, split per third as
+        Megatron does, so that each rank's shard is ``[Q_r; K_r; V_r]`` (upstream's mp_rank layout)."""
+        if self.size == 1:
+            return self._plain_linear(in_features, out_features, init)
+        init_method = _init_per_third(init, self.size) if thirds else init
+        return nn.Linear1D(in_features, out_features, parallel="col", init_method=init_method)
 
     def row_linear(self, in_features, out_features, init):
-        return self._linear(in_features, out_features, init)
+        if self.size == 1:
+            return self._plain_linear(in_features, out_features, init)
+        return nn.Linear1D(in_features, out_features, parallel="row", init_method=init)
 
     def vocab_embedding(self, vocab_size, hidden_size, init):
-        embedding = nn.Embedding(vocab_size, hidden_size)
-        init(embedding.weight)
-        return embedding
+        self.divide(vocab_size, "vocabulary entries")
+        if self.size == 1:
+            embedding = nn.Embedding(vocab_size, hidden_size)
+            init(embedding.weight)
+            return embedding
+        return nn.VocabParallelEmbedding(vocab_size, hidden_size, init_method=init)
+
+    @staticmethod
+    def local(tensor):
+        return _local(tensor)
 
     def column_matmul(self, layer, x):
-        """``x @ W.T`` without the bias (the caller fuses it with the next op)."""
-        return F.linear(x, layer.weight)
+        """``x @ W.T`` without the bias (the caller fuses it with the next op): this rank's columns."""
+        if self.size == 1:
+            return F.linear(x, layer.weight)
+        mesh = layer.weight.device_mesh
+        return F.linear(DTensor.from_local(x, mesh, [Replicate()], run_check=False), layer.weight).to_local()
 
     def row_matmul(self, layer, x):
-        return F.linear(x, layer.weight)
+        """``x @ W.T`` without the bias, summed over the ranks' input slices."""
+        if self.size == 1:
+            return F.linear(x, layer.weight)
+        mesh = layer.weight.device_mesh
+        partial = F.linear(DTensor.from_local(x, mesh, [Shard(-1)], run_check=False), layer.weight)
+        return partial.redistribute(mesh, [Replicate()]).to_local()
 
-    def copy_to_parallel(self, x):
-        return x
+    def tied_logits(self, hidden, embedding):
+        """Logits from the word-embedding table; vocab-sharded under tensor parallel (``parallel_output``)."""
+        return self.column_matmul(embedding, hidden)
 
     def rng_fork(self):
-        return contextlib.nullcontext()
+        """Attention dropout draws from the per-rank stream, as Megatron's ``get_cuda_rng_tracker().fork()``."""
+        if self.size == 1:
+            return contextlib.nullcontext()
+        return torch.checkpointing.get_cuda_rng_tracker().fork()
+
+
+def _init_per_third(init, size: int):
+    def init_and_interleave(weight):
+        init(weight)
+        # [Q; K; V] -> [Q_0; K_0; V_0; Q_1; K_1; V_1; ...]: contiguous shards become per-third splits.
+        rows, columns = weight.shape
+        weight.copy_(weight.view(3, size, rows // (3 * size), columns).transpose(0, 1).reshape(rows, columns))
+
+    return init_and_interleave
 
 
 class ParallelEnv:
@@ -113,11 +166,19 @@ class ParallelEnv:
         return dist.DistributedDataParallel(model, process_group=self.dp_group)
 
     def clip_grad_norm(self, parameters, max_norm: float):
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-
-    def local_state_dict(self, model) -> dict:
-        """This rank's weights under upstream's names (its shard under tensor parallel)."""
-        return model.state_dict()
+        """Clip by the norm of the whole model's gradient, shards counted once."""
+        parameters = [p for p in parameters if p.grad is not None]
+        if self.tp_size == 1:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        # torch's foreach kernels take DTensors or plain tensors, not both in one list.
+        sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
+        replicated = [p for p in parameters if not isinstance(p.grad, DTensor)]
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor(),
+                 torch.nn.utils.get_total_norm([p.grad for p in replicated])]
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        for group in (sharded, replicated):
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
 
     def close(self) -> None:
         if self._owns_process_group:

@@ -1,0 +1,172 @@
+"""``glm-pretrain``: GLM blank-infilling pretraining on one CPU/GPU or under ``torchrun``.
+
+    glm-pretrain                                   # tiny GLM, embedded corpus, CPU, about a minute
+    glm-pretrain --train-data corpus.jsonl --tokenizer-type BertWordPieceTokenizer \\
+        --tokenizer-path vocab.txt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \\
+        --seq-length 512 --train-iters 10000 --save ckpt --bf16
+    torchrun --nproc_per_node 4 -m glm_port.pretrain_glm --model-parallel-size 2 ...
+
+The log keeps upstream's line, ``iteration N/M | elapsed time per iteration (ms): T | learning rate L
+| lm loss X |``, so existing parsers keep working; on a terminal a tqdm bar shows loss, tokens/s, ETA.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import shim as torch
+from glm_port import data
+from glm_port.arguments import parse_args
+from glm_port.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.config import GLMConfig
+from glm_port.model import GLMModel
+from glm_port.parallel import ParallelEnv, local_state_dict
+from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
+
+
+def set_random_seed(seed: int, layout: ParallelEnv) -> None:
+    """Same seed on every rank, as upstream; the tensor-parallel RNG tracker adds its per-rank offset."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    layout.seed_tracker(seed)
+
+
+def model_config(args, vocab_size: int) -> GLMConfig:
+    return GLMConfig(
+        vocab_size=vocab_size,
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        max_sequence_length=args.max_position_embeddings,
+        embedding_dropout_prob=args.hidden_dropout,
+        attention_dropout_prob=args.attention_dropout,
+        output_dropout_prob=args.hidden_dropout,
+        layernorm_epsilon=args.layernorm_epsilon,
+        checkpoint_activations=args.checkpoint_activations,
+        checkpoint_num_layers=args.checkpoint_num_layers,
+    )
+
+
+def log_line(iteration: int, total: int, ms_per_iter: float, lr: float, loss: float, loss_scale=None) -> str:
+    """Upstream's ``report_iteration_metrics`` line, character for character."""
+    line = f" iteration {iteration:8d}/{total:8d} |"
+    line += f" elapsed time per iteration (ms): {ms_per_iter:.1f} |"
+    line += f" learning rate {lr:.3E} |"
+    line += f" lm loss {loss:.6E} |"
+    if loss_scale is not None:
+        line += f" loss scale {loss_scale:.1f} |"
+    return line
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+def setup(args):
+    """Everything before the first step; bad input fails here, before anything is written."""
+    layout = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device)
+    if args.train_batch_size is not None:
+        expected = args.batch_size * args.gradient_accumulation_steps * layout.dp_size
+        if args.train_batch_size != expected:
+            raise ValueError(
+                f"--deepspeed_config train_batch_size {args.train_batch_size} != micro batch {args.batch_size}"
+                f" x accumulation {args.gradient_accumulation_steps} x data-parallel {layout.dp_size}"
+            )
+    set_random_seed(args.seed, layout)
+    tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
+    config = model_config(args, tokenizer.vocab_size)
+    model = GLMModel(config, layout.tensor_parallel()).to(layout.device)
+    decay_iters = args.lr_decay_iters or args.train_iters
+    optimizer, scheduler = build_optimizer(model, OptimizerSettings(
+        lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+        warmup=args.warmup, decay_iters=max(decay_iters, 1), decay_style=args.lr_decay_style,
+        decay_ratio=args.lr_decay_ratio,
+    ))
+    dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
+    precision = Precision(layout.device, dtype, args.loss_scale)
+    iteration = 0
+    if args.load is not None:
+        iteration = load_checkpoint(
+            args.load, model, tp_rank=layout.tp_rank, optimizer=optimizer, scheduler=scheduler,
+            grad_scaler=precision.scaler, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
+        )
+    masker_kwargs = dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
+                         gap_sentence_prob=args.gap_sentence_prob, gpt_min_ratio=args.gpt_min_ratio,
+                         task_mask=args.task_mask)
+    batches = data.build_train_batches(
+        args.train_data, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=args.seed,
+        masker_kwargs=masker_kwargs, rank=layout.dp_rank, world_size=layout.dp_size, text_key=args.text_key,
+        start_batch=iteration * args.gradient_accumulation_steps,  # resume the data where it stopped
+    )
+    return layout, config, model, optimizer, scheduler, precision, batches, iteration
+
+
+def train(args, layout, config, model, optimizer, scheduler, precision, batches, iteration) -> int:
+    trained = layout.wrap_data_parallel(model)
+    trained.train()
+    main_rank = layout.is_main
+    tokens_per_iter = args.batch_size * args.seq_length * args.gradient_accumulation_steps * layout.dp_size
+    if main_rank:
+        parameters = sum(p.numel() for p in local_state_dict(model).values())
+        print(f" > number of parameters on model parallel rank {layout.tp_rank}: {parameters}", flush=True)
+    bar = tqdm(total=args.train_iters, initial=iteration, unit="it", dynamic_ncols=True,
+               disable=not (main_rank and sys.stderr.isatty()))
+    interval_loss, interval_start = 0.0, time.perf_counter()
+    while iteration < args.train_iters:
+        step_start = time.perf_counter()
+        microbatches = [_to_device(next(batches), layout.device) for _ in range(args.gradient_accumulation_steps)]
+        loss = train_step(trained, microbatches, optimizer, scheduler, precision, clip_grad=args.clip_grad,
+                          clip_fn=layout.clip_grad_norm, dp_group=layout.dp_group, dp_size=layout.dp_size,
+                          parallel_group=layout.tp_group)
+        iteration += 1
+        interval_loss += loss
+        bar.update()
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_iter / (time.perf_counter() - step_start):.0f}")
+        if iteration % args.log_interval == 0:
+            elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / args.log_interval
+            if main_rank:
+                line = log_line(iteration, args.train_iters, elapsed_ms, optimizer.param_groups[0]["lr"],
+                                interval_loss / args.log_interval, precision.loss_scale)
+                tqdm.write(line) if not bar.disable else print(line, flush=True)
+            interval_loss, interval_start = 0.0, time.perf_counter()
+        if args.save and iteration % args.save_interval == 0:
+            save(args, layout, config, model, optimizer, scheduler, precision, iteration)
+    bar.close()
+    return iteration
+
+
+def save(args, layout, config, model, optimizer, scheduler, precision, iteration) -> None:
+    keep_optim = not args.no_save_optim
+    path = save_checkpoint(
+        args.save, iteration, local_state_dict(model), config=config,
+        optimizer=optimizer if keep_optim else None, scheduler=scheduler if keep_optim else None,
+        grad_scaler=precision.scaler if keep_optim else None, save_rng=not args.no_save_rng,
+        tp_rank=layout.tp_rank, writer=layout.dp_rank == 0,
+    )
+    if layout.is_main:
+        print(f" saved checkpoint at iteration {iteration:7d} to {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        state = setup(args)
+    except (CheckpointError, OSError, ValueError) as error:
+        sys.exit(f"glm-pretrain: error: {error}")
+    layout, config, model, optimizer, scheduler, precision, batches, start = state
+    try:
+        iteration = train(args, layout, config, model, optimizer, scheduler, precision, batches, start)
+        if args.save and iteration != start and iteration % args.save_interval:
+            save(args, layout, config, model, optimizer, scheduler, precision, iteration)
+    finally:
+        layout.close()
+
+
+if __name__ == "__main__":
+    main()
