@@ -71,10 +71,6 @@ class _CompletedWork:
         return True
 
 
-def _runs_alone(group) -> bool:
-    return isinstance(group, SingleProcessGroup) or not _dist.is_initialized()
-
-
 def _one_process(torch_fn):
     """Use ``torch_fn`` when a process group exists, else the decorated world-of-one meaning.
 
@@ -85,10 +81,11 @@ def _one_process(torch_fn):
     def decorate(alone):
         @functools.wraps(torch_fn)
         def collective(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            group = bound.arguments.get("group")
-            if not _runs_alone(group):
+            if _dist.is_initialized() and not any(
+                isinstance(arg, SingleProcessGroup) for arg in (*args, *kwargs.values())
+            ):
                 return torch_fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             result = alone(**bound.arguments)
             return _CompletedWork() if bound.arguments.get("async_op") else result

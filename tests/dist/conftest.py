@@ -1,16 +1,24 @@
 """Shared fixtures for shim's distributed tests.
 
 Multi-process checks run in forked workers on gloo (127.0.0.1, a free port).
-A test module hands all its checks to ONE launch (``run_checks``), and each test
-then asserts on its own check's outcome on every rank, so a module pays for
-one process group, not one per test.
+A test module hands all its checks to ONE launch (``launch(CHECKS)``), and each
+test then asserts on its own check's outcome on every rank, so a module pays for
+one set of processes, not one per test.
+
+Workers are forked from the pytest process when it has no process group; if
+something earlier in the session left one behind, the launch runs from a clean
+interpreter instead (this file, run as a script), so inherited state never
+leaks into the workers.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -23,7 +31,15 @@ import torch.multiprocessing as mp
 LAUNCH_TIMEOUT_S = 150
 
 
-def free_port() -> int:
+class CheckResults(dict):
+    """``{check name: [traceback or None, per rank]}``."""
+
+    def assert_passed(self, name: str) -> None:
+        failures = [f"rank {rank}:\n{tb}" for rank, tb in enumerate(self[name]) if tb is not None]
+        assert not failures, "\n".join(failures)
+
+
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -48,24 +64,10 @@ def _worker(rank, world_size, port, checks, out_dir):
     dist.destroy_process_group()
 
 
-class CheckResults(dict):
-    """``{check name: [traceback or None, per rank]}``."""
-
-    def assert_passed(self, name: str) -> None:
-        failures = [f"rank {rank}:\n{tb}" for rank, tb in enumerate(self[name]) if tb is not None]
-        assert not failures, "\n".join(failures)
-
-
-def run_checks(checks: dict, world_size: int = 2) -> CheckResults:
-    """Run every ``check()`` on ``world_size`` gloo ranks, in one launch.
-
-    Checks run in the given order on all ranks; each may call collectives and
-    ``setup_dist_util``. A crash or hang fails every check with the reason.
-    """
-    assert not dist.is_initialized(), "a test left a process group behind; forked workers would inherit it"
+def _fork_and_run(checks: dict, world_size: int) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
-            _worker, args=(world_size, free_port(), checks, out_dir), nprocs=world_size,
+            _worker, args=(world_size, _free_port(), checks, out_dir), nprocs=world_size,
             start_method="fork", join=False,
         )
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
@@ -89,7 +91,33 @@ def run_checks(checks: dict, world_size: int = 2) -> CheckResults:
                     per_rank.append(json.load(f))
             else:
                 per_rank.append({name: failure or "no result written" for name in checks})
-    return CheckResults({name: [results[name] for results in per_rank] for name in checks})
+    return {name: [results[name] for results in per_rank] for name in checks}
+
+
+def _run_in_clean_interpreter(checks: dict, world_size: int) -> dict:
+    (module_file,) = {sys.modules[check.__module__].__file__ for check in checks.values()}
+    names = [f"{key}={check.__name__}" for key, check in checks.items()]
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, module_file, str(world_size), *names],
+            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S + 60,
+        )
+    except subprocess.TimeoutExpired:
+        return {name: [f"clean launch did not finish in {LAUNCH_TIMEOUT_S + 60} s"] * world_size for name in checks}
+    if done.returncode != 0:
+        return {name: [f"clean launch failed:\n{done.stderr}"] * world_size for name in checks}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_checks(checks: dict, world_size: int = 2) -> CheckResults:
+    """Run every ``check()`` (module-level functions) on ``world_size`` gloo ranks, in one launch.
+
+    Checks run in the given order on all ranks; each may call collectives and
+    ``setup_dist_util``. A crash or hang fails every check with the reason.
+    """
+    if dist.is_initialized():
+        return CheckResults(_run_in_clean_interpreter(checks, world_size))
+    return CheckResults(_fork_and_run(checks, world_size))
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +135,12 @@ def world_of_one():
     yield
     sdist.reset_dist_util()
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # the clean interpreter: conftest.py TEST_FILE WORLD_SIZE KEY=FUNCTION...
+    test_file, world = sys.argv[1], int(sys.argv[2])
+    spec = importlib.util.spec_from_file_location("dist_checks", test_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pairs = (arg.split("=", 1) for arg in sys.argv[3:])
+    print(json.dumps(_fork_and_run({key: getattr(module, name) for key, name in pairs}, world)))

@@ -171,6 +171,15 @@ def check_bad_sizes_on_two_ranks():
         sdist.setup_dist_util(data_parallel_size=1, pipeline_parallel_size=3, pipeline_num_layers=3)
 
 
+def check_rank_matches_world():
+    assert sdist.get_world_size() == 2 and sdist.get_rank() in (0, 1)
+
+
+def test_launch_from_a_process_that_has_a_process_group(world_of_one, launch):
+    # forked workers would inherit this process group; the launch must not care
+    launch({"rank": check_rank_matches_world}).assert_passed("rank")
+
+
 CHECKS = {
     "collectives": check_collectives_are_torchs,
     "ddp": check_ddp_averages_gradients_like_one_process,
