@@ -181,10 +181,10 @@ class _FileMigration:
                 return None
         return binding, ".".join((binding.source, *chain.parts[1:]))
 
-    def _spell(self, target: str, scope: Scope, prefer: str | None = None) -> str:
-        """How code in ``scope`` names ``target``: through the name ``prefer`` if it can, else the
-        shortest way; ``import <root>`` is added if no import reaches it. Star imports are not
-        used: what ``import *`` supplies depends on the module's ``__all__``."""
+    def _spell(self, target: str, scope: Scope, line: int, prefer: str | None = None) -> str:
+        """How code at ``line`` in ``scope`` names ``target``: through the name ``prefer`` if it can,
+        else the shortest way; ``import <root>`` is added if no import reaches it. Star imports are
+        not used: what ``import *`` supplies depends on the module's ``__all__``."""
         if target.startswith("builtins."):
             return target[len("builtins."):]
         wanted = {target, self.index.canonical(target)[0]}
@@ -192,6 +192,8 @@ class _FileMigration:
         for binding in self.scopes.imports:
             if scope.import_of(binding.name) is not binding or not self._only_imports(binding):
                 continue
+            if scope is binding.scope and binding.stmt.lineno > line:
+                continue  # not bound yet when this line runs
             new = self.new_source[binding]
             for name in wanted:
                 if name == new or name.startswith(new + "."):
@@ -259,15 +261,13 @@ class _FileMigration:
                         self._call(call, chain, rule)
                         continue
             if isinstance(call.func, ast.Attribute) and call.func.attr in self.rules.methods:
-                receiver = dotted_parts(call.func.value)
-                if receiver is None or scope.import_of(receiver[1][0]) is None:
-                    self._method(call, scope, self.rules.methods[call.func.attr])
+                self._method(call, scope, self.rules.methods[call.func.attr])
 
     def _call(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         self.handled.add(id(call.func))
-        func = self._spell(rule.target, chain.scope)
+        func = self._spell(rule.target, chain.scope, call.lineno)
         add = {
-            keyword: _TEMPLATE.sub(lambda m: self._spell(m[1], chain.scope), template)
+            keyword: _TEMPLATE.sub(lambda m: self._spell(m[1], chain.scope, call.lineno), template)
             for keyword, template in rule.args.get("add", {}).items()
         }
         edits = ArgEdits.from_rule(rule.args, add)
@@ -276,7 +276,7 @@ class _FileMigration:
         self._edit(call, lambda text: rewrite_call(text, edits, func=func), [entry])
 
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
-        first = self._spell(rule.target, scope) + "()"
+        first = self._spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target + "()")
@@ -316,7 +316,7 @@ class _FileMigration:
             if chain.in_fstring:
                 self._leave(line, rule, f"inside an f-string: not rewritten; {rule.note}")
                 continue
-            spelled = self._spell(wanted, chain.scope, prefer=chain.parts[0])
+            spelled = self._spell(wanted, chain.scope, line, prefer=chain.parts[0])
             self._consume(chain.root.id, rule.code)
             self._change(line, rule, before, spelled, wanted)
             self._edit(chain.node, lambda _text, spelled=spelled: spelled)

@@ -138,3 +138,13 @@ def test_a_local_module_named_like_a_library_is_the_tree(migrate):
     source = "from apex import FusedAdam\nFusedAdam([])\n"
     migrated, report = migrate(source, extra=extra)
     assert migrated == source and report.changes == report.unconverted == []
+
+
+def test_module_level_code_is_not_spelled_through_a_later_import(migrate):
+    migrated, _ = migrate("import deepspeed\nCKPT = deepspeed.checkpointing.checkpoint\nimport torch\n")
+    assert migrated == "import shim\nCKPT = shim.checkpointing.checkpoint\nimport shim as torch\n"
+
+
+def test_method_rule_applies_to_imported_objects_too(migrate):
+    migrated, _ = migrate("import torch\nfrom model import net\nnet.cuda()\n", extra={"model.py": "net = None\n"})
+    assert migrated == "import shim as torch\nfrom model import net\nnet.to(torch.device())\n"
