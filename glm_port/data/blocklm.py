@@ -70,7 +70,7 @@ def layout_blocks(text: np.ndarray, spans: np.ndarray, order: np.ndarray, *, mas
     targets = np.concatenate((part_a, b_targets))
     loss = np.concatenate((np.zeros(sep), np.ones(len(b_inputs))))
     positions = np.concatenate((np.arange(sep), np.repeat(position[starts], sizes)))
-    block_positions = np.concatenate((np.zeros(sep), offset + 1))
+    block_positions = np.concatenate((np.zeros(sep, dtype=np.int64), offset + 1))
     return inputs, targets, loss, positions, block_positions, sep
 
 
@@ -83,7 +83,7 @@ def layout_suffix(text: np.ndarray, span: int, *, gmask_id: int, sop_id: int, cl
     targets = np.concatenate((text[:d], [gmask_id], text[d:]))
     loss = np.concatenate((np.zeros(d + 1), text[d:] != cls_id))  # no loss on a [CLS] opening a document
     positions = np.concatenate((np.arange(d + 1), np.full(span, d)))
-    block_positions = np.concatenate((np.zeros(d), np.arange(span + 1)))
+    block_positions = np.concatenate((np.zeros(d, dtype=np.int64), np.arange(span + 1)))
     return inputs, targets, loss, positions, block_positions, d + 1
 
 

@@ -2,9 +2,12 @@
 knobs promise (Poisson span lengths, mask ratio, generation length, task mix)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glm_port.data import BlockMasker, get_tokenizer
 from glm_port.data.blocklm import layout_blocks, layout_suffix
@@ -57,6 +60,36 @@ def test_layout_suffix_hand_worked():
     assert loss.tolist() == [0, 0, 0, 0, 1, 1, 1]
     assert pos.tolist() == [0, 1, 2, 3, 3, 3, 3]
     assert block.tolist() == [0, 0, 0, 0, 1, 2, 3]
+
+
+@st.composite
+def text_and_spans(draw):
+    """A text of word ids and non-overlapping (start, end) spans in it, with a block order."""
+    n = draw(st.integers(1, 60))
+    text = np.array(draw(st.lists(st.integers(100, 199), min_size=n, max_size=n)))
+    cuts = sorted(draw(st.sets(st.integers(0, n), max_size=12)))
+    spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if b > a]
+    order = draw(st.permutations(range(len(spans))))
+    return text, np.array(spans, dtype=np.int64).reshape(-1, 2), np.array(order, dtype=np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text_and_spans())
+def test_layout_blocks_is_invertible(case):
+    text, spans, order = case
+    inputs, targets, loss, pos, block, sep = layout_blocks(text, spans, order, mask_id=MASK, sop_id=SOP,
+                                                           eop_id=EOP)
+    n = len(inputs)
+    assert n == len(text) + 2 * len(spans) == len(targets) == len(loss) == len(pos) == len(block)
+    assert sep == len(text) - int((spans[:, 1] - spans[:, 0]).sum()) + len(spans)
+    sample = {"text": inputs, "target": targets, "loss_mask": loss.astype(np.float32),
+              "attention_mask": np.array(sep), "position_id": np.stack([pos, block])}
+    original, found, masks = reconstruct(sample)
+    assert original.tolist() == text.tolist()
+    assert found == sorted(map(tuple, spans.tolist())) and set(masks) <= {MASK}
+    blocks_in_order = [int(pos[i]) for i in range(sep, n) if block[i] == 1]
+    mask_positions = np.flatnonzero(inputs[:sep] == MASK)
+    assert blocks_in_order == mask_positions[np.argsort(np.argsort(spans[:, 0]))][order].tolist()
 
 
 def reconstruct(sample):
@@ -226,3 +259,24 @@ def test_bad_arguments():
         BlockMasker(TOK, seed=0, mask_ratio=1.5)
     with pytest.raises(ValueError, match="non-empty 1-D window"):
         BlockMasker(TOK, seed=0)([])
+
+
+VOCAB = Path(__file__).resolve().parents[2] / ".." / "shared" / "vocab"
+
+
+@pytest.mark.skipif(not VOCAB.is_dir(), reason=f"real vocab files not found at {VOCAB}")
+@pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "ChineseSPTokenizer", "BertWordPieceTokenizer"])
+def test_real_vocabularies_mask_consistently(kind):
+    tok = get_tokenizer(kind, VOCAB)
+    text = ("\u4eca\u5929\u5929\u6c14\u5f88\u597d\u3002\u6211\u4eec\u53bb\u516c\u56ed\u5427\uff01"
+            if kind == "ChineseSPTokenizer" else "The weather is fine today. Let us walk to the park! ")
+    tokens = np.concatenate(([tok.cls_id], tok.encode(text * 12), [tok.eos_id]))
+    masker = BlockMasker(tok, seed=0, seq_length=80, bert_prob=0.4, gap_sentence_prob=0.4, task_mask=True)
+    seen = set()
+    for i in range(40):
+        sample = masker(tokens, index=i)
+        sep = int(sample["attention_mask"])
+        seen |= set(sample["text"][:sep].tolist()) & {tok.mask_id, tok.smask_id, tok.gmask_id}
+        assert sample["text"].max() < tok.num_tokens and sample["loss_mask"].sum() > 0
+        assert sample["text"][sep] == tok.sop_id
+    assert seen == {tok.mask_id, tok.smask_id, tok.gmask_id}
