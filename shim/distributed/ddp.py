@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from shim.distributed.collectives import get_world_size
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "data_parallel"]
 
 
 class _EitherDDP(type(torch.nn.Module)):
@@ -54,7 +54,6 @@ class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
 
 def _on_accelerator(module: torch.nn.Module) -> bool:
     return any(p.device.type not in ("cpu", "meta") for p in module.parameters())
-
 
 
 def data_parallel(module: torch.nn.Module, *, shard: bool = False) -> torch.nn.Module:

@@ -32,6 +32,7 @@ __all__ = [
     "get_layer_placement",
     "get_nd_sbp",
     "is_main_process",
+    "reset_dist_util",
     "setup_dist_util",
     "world_size",
 ]
@@ -48,6 +49,8 @@ def ensure_divisible(value: int, parts: int, what: str, by: str) -> int:
 
 @dataclass
 class ParallelLayout:
+    """The four sizes, the meshes built for them, and this rank's coordinates in them."""
+
     data_parallel_size: int
     tensor_parallel_size: int
     pipeline_parallel_size: int
@@ -109,13 +112,19 @@ class ParallelLayout:
 
 
 def _resolve_sizes(world, data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers):
-    tp = tensor_parallel_size or 1
-    pp = pipeline_parallel_size or 1
-    if tp < 1 or pp < 1:
-        raise ValueError(f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be >= 1")
-    dp = data_parallel_size or ensure_divisible(
-        world, tp * pp, "world size", "tensor_parallel_size * pipeline_parallel_size"
-    )
+    sizes = {
+        "tensor_parallel_size": 1 if tensor_parallel_size is None else tensor_parallel_size,
+        "pipeline_parallel_size": 1 if pipeline_parallel_size is None else pipeline_parallel_size,
+        "data_parallel_size": data_parallel_size,
+    }
+    for name, size in sizes.items():
+        if size is not None and size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    tp, pp = sizes["tensor_parallel_size"], sizes["pipeline_parallel_size"]
+    if data_parallel_size is None:
+        dp = ensure_divisible(world, tp * pp, "world size", "tensor_parallel_size * pipeline_parallel_size")
+    else:
+        dp = data_parallel_size
     if dp * tp * pp != world:
         raise ValueError(
             f"data_parallel_size * tensor_parallel_size * pipeline_parallel_size = {dp} * {tp} * {pp} "

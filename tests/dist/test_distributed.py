@@ -101,6 +101,7 @@ def test_setup_dist_util_in_one_process(world_of_one):
         (dict(data_parallel_size=2), r"2 \* 1 \* 1 = 2 does not equal the world size \(1\)"),
         (dict(tensor_parallel_size=2), r"world size \(1\) is not divisible by tensor_parallel_size"),
         (dict(pipeline_parallel_size=1, pipeline_num_layers=0), r"pipeline_num_layers \(0\) is smaller"),
+        (dict(tensor_parallel_size=0), r"tensor_parallel_size must be at least 1, got 0"),
     ],
 )
 def test_bad_sizes_fail_before_any_collective(sizes, message):
