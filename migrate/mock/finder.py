@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import types
@@ -61,7 +60,7 @@ class StandIn(types.ModuleType):
         return sorted(set(super().__dir__()) | own | set(forwarded))
 
 
-class StandInLoader(importlib.abc.Loader):
+class StandInLoader:
     def __init__(self, plan: Plan):
         self.plan = plan
 
@@ -77,7 +76,7 @@ class StandInLoader(importlib.abc.Loader):
         module.__doc__ = f"glm-mock stand-in for {module.__name__}, backed by {backing} (see `glm-mock --list`)."
 
 
-class _ThenCall(importlib.abc.Loader):
+class _ThenCall:
     """Runs a module's own loader, then ``after(module)``; the module keeps its own loader."""
 
     def __init__(self, loader, after):
@@ -133,7 +132,7 @@ def find_installed(name: str):
     return spec
 
 
-class MockFinder(importlib.abc.MetaPathFinder):
+class MockFinder:
     def __init__(self, forced=frozenset(), installed=find_installed):
         self.forced = frozenset(SCOPES) if "all" in forced else frozenset(forced)
         self._installed = installed

@@ -9,10 +9,8 @@ here: the rest of torch (``torch.cuda``, ``.cuda()``...) is made portable by
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from functools import lru_cache
-
-from migrate.rules import load_rules
+from typing import NamedTuple
 
 # Module trees the mock can stand in for -> what to install to get the real thing.
 SCOPES = {
@@ -30,8 +28,7 @@ MOCK_DEFINED = {
 }
 
 
-@dataclass(frozen=True)
-class Redirect:
+class Redirect(NamedTuple):
     """One name under a scope: what backs it, or why nothing does."""
 
     name: str
@@ -97,6 +94,8 @@ def _redirect(rule) -> Redirect:
 
 @lru_cache(maxsize=None)
 def load_plan() -> Plan:
+    from migrate.rules import load_rules  # only when a mocked name is imported: start-up stays cheap
+
     redirects = {r.match: _redirect(r) for r in load_rules() if scope_of(r.match) and r.kind != "method"}
     for name, target in MOCK_DEFINED.items():
         redirects[name] = Redirect(name, "symbol", target, note="defined by glm-mock on shim.distributed")
