@@ -242,8 +242,8 @@ class BlockMasker:
         gaps = rng.integers(0, room[doc] + 1)
         gaps = gaps[np.lexsort((gaps, doc))]  # sorted within each document
         step = np.cumsum(lengths + 1) - (lengths + 1)  # tokens taken by earlier spans (and their gaps)
-        first = np.cumsum(counts) - counts
-        starts = docs[doc, 0] + gaps + step - step[np.minimum(first, max(used - 1, 0))][doc]
+        first = np.cumsum(counts) - counts  # each document's first span
+        starts = docs[doc, 0] + gaps + step - step[first[doc]]
         return np.stack([starts, starts + lengths], axis=1)
 
     def _sentences(self, text) -> np.ndarray:

@@ -2,10 +2,10 @@
 
 A corpus file is JSON lines (``.json`` / ``.jsonl``: one object per line, the document in ``text_key``,
 upstream's ``"text"``, after an optional ``"prompt"``) or plain text (documents separated by blank lines).
-Token ids are cached next to the file as ``<file>.<tokenizer fingerprint>-<key>.glmcache.npz``, written
-atomically; a cache is used only while the file's size and mtime (or, if those moved, its content hash) and
-the tokenizer are unchanged. When the data's directory is read-only the cache goes to
-``$XDG_CACHE_HOME/glm-migrate/corpus`` (default ``~/.cache``).
+Token ids are cached next to the file as ``<file>.<tokenizer fingerprint>-<keys>.glmcache.npz``, written
+atomically; a cache is used only while the tokenizer, the text/prompt keys and the file are unchanged (same
+size and mtime, or, if the mtime moved, the same content hash). When the data's directory is read-only the
+cache goes to ``$XDG_CACHE_HOME/glm-migrate/corpus`` (default ``~/.cache``).
 """
 
 from __future__ import annotations
@@ -96,41 +96,46 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _cache_dirs(path: Path) -> list[Path]:
-    fallback = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm-migrate" / "corpus"
+def cache_files(path: Path, tokenizer: GLMTokenizer, text_key: str, prompt_key: str) -> list[Path]:
+    """Where ``path``'s cache may live, in order: next to it, then the user cache (whose name also carries
+    the data's directory, to keep same-named files apart)."""
+    name = f"{path.name}.{tokenizer.fingerprint}-{_short_hash(text_key, prompt_key)}.glmcache.npz"
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm-migrate" / "corpus"
+    in_user_cache = user / f"{_short_hash(str(path.resolve().parent))}-{name}"
     if path.resolve() == CORPUS_FILE.resolve():  # never litter the installed package
-        return [fallback]
-    return [path.parent, fallback]
+        return [in_user_cache]
+    return [path.parent / name, in_user_cache]
 
 
-def cache_name(path: Path, tokenizer: GLMTokenizer, text_key: str, prompt_key: str) -> str:
-    key = hashlib.sha256(f"{path.resolve()}\0{text_key}\0{prompt_key}".encode()).hexdigest()[:8]
-    return f"{path.name}.{tokenizer.fingerprint}-{key}.glmcache.npz"
+def _short_hash(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
-def _load_cache(file: Path, stat: os.stat_result, path: Path) -> TokenizedCorpus | None:
+def _load_cache(file: Path, stat: os.stat_result, path: Path) -> tuple[TokenizedCorpus | None, bool]:
+    """(the cached corpus or None if stale or unreadable, whether the recorded size and mtime still match)."""
     try:
         with np.load(file) as cache:
             size, mtime = (int(v) for v in cache["stat"])
-            if size != stat.st_size or (mtime != stat.st_mtime_ns and str(cache["sha256"]) != _file_sha256(path)):
-                return None
-            return TokenizedCorpus(cache["ids"], cache["offsets"])
+            same_stat = size == stat.st_size and mtime == stat.st_mtime_ns
+            if size != stat.st_size or (not same_stat and str(cache["sha256"]) != _file_sha256(path)):
+                return None, False
+            return TokenizedCorpus(cache["ids"], cache["offsets"]), same_stat
     except (OSError, ValueError, KeyError):  # missing, truncated or foreign file: rebuild it
-        return None
+        return None, False
 
 
-def _write_cache(directory: Path, name: str, corpus: TokenizedCorpus, stat: os.stat_result, path: Path) -> bool:
-    """Write atomically (temp file + rename); False when ``directory`` is not writable."""
+def _write_cache(file: Path, corpus: TokenizedCorpus, stat: os.stat_result, path: Path) -> bool:
+    """Write atomically (temp file + rename); False when the directory is not writable."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".tmp")
     except OSError:
         return False
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, ids=corpus.ids, offsets=corpus.offsets, stat=np.array([stat.st_size, stat.st_mtime_ns]),
                      sha256=np.array(_file_sha256(path)))
-        os.replace(tmp, directory / name)
+        os.replace(tmp, file)
         return True
     except OSError:
         Path(tmp).unlink(missing_ok=True)
@@ -144,12 +149,13 @@ def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = 
     if not path.is_file():
         raise FileNotFoundError(f"training data not found: {path}")
     stat = path.stat()
-    name = cache_name(path, tokenizer, text_key, prompt_key)
-    if cache:
-        for directory in _cache_dirs(path):
-            cached = _load_cache(directory / name, stat, path)
-            if cached is not None:
-                return cached
+    files = cache_files(path, tokenizer, text_key, prompt_key) if cache else []
+    for file in files:
+        cached, same_stat = _load_cache(file, stat, path)
+        if cached is not None:
+            if not same_stat:  # touched but unchanged: record the new mtime so the next load skips the hash
+                _write_cache(file, cached, stat, path)
+            return cached
     # Stream in chunks and keep ids as int32 arrays: Python lists of ids would take ~9x the memory.
     documents = _documents_and_progress(path, text_key, prompt_key)
     ids, lengths = [], []
@@ -163,8 +169,9 @@ def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = 
     if not lengths:
         raise ValueError(f"{path}: no text in this corpus (empty file or only blank documents)")
     corpus = TokenizedCorpus(np.concatenate(ids), np.concatenate(([0], np.cumsum(lengths))))
-    if cache:
-        any(_write_cache(directory, name, corpus, stat, path) for directory in _cache_dirs(path))
+    for file in files:
+        if _write_cache(file, corpus, stat, path):
+            break
     return corpus
 
 

@@ -86,20 +86,27 @@ def test_cache_is_reused_and_invalidated(tmp_path, monkeypatch):
     again = tokenize_file(data, TOK)
     assert calls == [] and np.array_equal(again.ids, first.ids)
 
-    os.utime(data, ns=(1, 1))  # touched, same bytes: still valid (content hash)
+    os.utime(data, ns=(1, 1))  # touched, same bytes: still valid (content hash), and the new mtime recorded
+    hashed = []
+    real_hash = corpus_module._file_sha256
+    monkeypatch.setattr(corpus_module, "_file_sha256", lambda p: hashed.append(p) or real_hash(p))
     assert calls == [] and np.array_equal(tokenize_file(data, TOK).ids, first.ids)
+    hashed.clear()
+    assert np.array_equal(tokenize_file(data, TOK).ids, first.ids) and hashed == []
 
     write_jsonl(data, [{"text": "finn is the smith."}] * 4)  # changed: re-tokenized
     assert np.array_equal(tokenize_file(data, TOK).ids, np.ones(4, dtype=np.int32)) and len(calls) == 1
 
 
-def test_cache_is_per_tokenizer(tmp_path):
-    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "ada is the baker."}])
+def test_cache_is_per_tokenizer_and_text_key(tmp_path):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "ada is the baker.", "title": "bakers"}])
     tokenize_file(data, TOK)
     other = get_tokenizer()
     other.fingerprint = "0123456789abcdef"
     tokenize_file(data, other)
-    assert len(list(tmp_path.glob("c.jsonl.*.glmcache.npz"))) == 2
+    titles = tokenize_file(data, TOK, text_key="title")
+    assert TOK.decode(titles[0]) == "bakers"
+    assert len(list(tmp_path.glob("c.jsonl.*.glmcache.npz"))) == 3
 
 
 def test_read_only_data_dir_falls_back_to_user_cache(tmp_path, monkeypatch):
@@ -116,7 +123,7 @@ def test_read_only_data_dir_falls_back_to_user_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_module.tempfile, "mkstemp", mkstemp)
     first = tokenize_file(data, TOK)
     assert not list(data_dir.glob("*.glmcache.npz"))
-    cached = list((tmp_path / "xdg" / "glm-migrate" / "corpus").glob("c.jsonl.*.glmcache.npz"))
+    cached = list((tmp_path / "xdg" / "glm-migrate" / "corpus").glob("*-c.jsonl.*.glmcache.npz"))
     assert len(cached) == 1
     monkeypatch.setattr(TOK.text, "encode_batch", lambda texts: pytest.fail("should have used the cache"))
     assert np.array_equal(tokenize_file(data, TOK).ids, first.ids)
@@ -125,7 +132,7 @@ def test_read_only_data_dir_falls_back_to_user_cache(tmp_path, monkeypatch):
 def test_embedded_corpus_cache_stays_out_of_the_package(tmp_path):
     load_corpus(None, TOK)
     assert not list(CORPUS_FILE.parent.glob("*.glmcache.npz"))
-    assert list((tmp_path / "xdg" / "glm-migrate" / "corpus").glob("default_corpus.txt.*.glmcache.npz"))
+    assert list((tmp_path / "xdg" / "glm-migrate" / "corpus").glob("*-default_corpus.txt.*.glmcache.npz"))
 
 
 # -- windows and batches ---------------------------------------------------------------------------------
