@@ -29,10 +29,17 @@ class StandIn(types.ModuleType):
     stand-in submodule, the module a ``module`` rule forwards to, or an
     AttributeError naming the construct as not covered. Never a placeholder."""
 
+    def __init__(self, name: str, plan: Plan):
+        redirect = plan.redirects.get(name)
+        forward = redirect.target if redirect is not None and redirect.kind == "module" else None
+        super().__init__(name, f"glm-mock stand-in for {name}, backed by {forward or 'shim'} (see `glm-mock --list`).")
+        self._glm_mock_plan = plan
+        self._glm_mock_forward = importlib.import_module(forward) if forward else None
+
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(f"glm-mock stand-in {self.__name__!r} has no attribute {name!r}")
-        plan: Plan = self.__glm_mock_plan__
+        plan = self._glm_mock_plan
         full = f"{self.__name__}.{name}"
         redirect = plan.lookup(full)
         if full in plan.modules:
@@ -43,20 +50,20 @@ class StandIn(types.ModuleType):
             except (ImportError, AttributeError) as exc:
                 # ImportError, not AttributeError: `from x import y` must not swallow it.
                 raise ImportError(f"glm-mock: {full} -> {redirect.target} is broken: {exc}") from exc
-        elif self.__glm_mock_forward__ is not None and hasattr(self.__glm_mock_forward__, name):
+        elif self._glm_mock_forward is not None and hasattr(self._glm_mock_forward, name):
             # Not cached: the forwarded module may rebind its globals later.
-            return getattr(self.__glm_mock_forward__, name)
+            return getattr(self._glm_mock_forward, name)
         else:
             raise AttributeError(plan.not_covered_message(full))
         setattr(self, name, value)
         return value
 
     def __dir__(self):
-        plan: Plan = self.__glm_mock_plan__
+        plan = self._glm_mock_plan
         prefix = self.__name__ + "."
         own = {n[len(prefix):].split(".")[0] for n in plan.redirects.keys() | plan.modules if n.startswith(prefix)}
         own = {n for n in own if plan.lookup(prefix + n).kind != "not covered" or prefix + n in plan.modules}
-        forwarded = dir(self.__glm_mock_forward__) if self.__glm_mock_forward__ is not None else ()
+        forwarded = dir(self._glm_mock_forward) if self._glm_mock_forward is not None else ()
         return sorted(set(super().__dir__()) | own | set(forwarded))
 
 
@@ -65,15 +72,10 @@ class StandInLoader:
         self.plan = plan
 
     def create_module(self, spec):
-        return StandIn(spec.name)
+        return StandIn(spec.name, self.plan)
 
     def exec_module(self, module):
-        redirect = self.plan.redirects.get(module.__name__)
-        forward = redirect.target if redirect is not None and redirect.kind == "module" else None
-        module.__glm_mock_plan__ = self.plan
-        module.__glm_mock_forward__ = importlib.import_module(forward) if forward else None
-        backing = forward or "shim"
-        module.__doc__ = f"glm-mock stand-in for {module.__name__}, backed by {backing} (see `glm-mock --list`)."
+        """Nothing to run: a stand-in's attributes resolve on first use."""
 
 
 class _ThenCall:
