@@ -1,5 +1,7 @@
 """shim.device() and shim.cuda: GLM-era CUDA calls on a machine without CUDA."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -161,5 +163,8 @@ def test_other_names_forward_to_torch_cuda():
     assert shim.cuda.get_device_name is torch.cuda.get_device_name
     assert set(cudaless.__all__) <= set(dir(shim.cuda))
     assert "memory_cached" in dir(shim.cuda)
-    with pytest.raises(AttributeError):
-        shim.cuda.__path__  # shim.cuda is a module of its own, not torch.cuda's package
+    assert importlib.import_module("shim.cuda.amp") is torch.cuda.amp
+    from shim.cuda.amp import GradScaler
+
+    assert GradScaler is torch.cuda.amp.GradScaler
+    assert shim.cuda.__file__ != torch.cuda.__file__

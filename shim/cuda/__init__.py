@@ -7,7 +7,8 @@ Otherwise the names GLM-era code calls (``FloatTensor``, ``set_device``, ``manua
 ``is_available()`` included, stay ``torch.cuda``'s: availability is never faked.
 
 The choice is made on each attribute access, so ``SHIM_DEVICE`` set before a name is looked up
-decides which one it gets.
+decides which one it gets. A package, so that ``import shim.cuda.amp`` (any torch.cuda submodule)
+resolves to torch's module as everywhere else in shim.
 """
 
 import torch as _torch
@@ -23,8 +24,6 @@ _torch_getattr, _torch_dir = _forward_to(_torch.cuda, globals())
 
 
 def __getattr__(name: str):
-    if name.startswith("__"):  # never borrow torch.cuda's __path__/__file__: shim.cuda is its own module
-        raise AttributeError(f"module 'shim.cuda' has no attribute {name!r}")
     if name in _CUDALESS and _active_device().type != "cuda":
         return getattr(_cudaless, name)
     return _torch_getattr(_RENAMED.get(name, name))
