@@ -263,8 +263,17 @@ class _FileMigration:
             if isinstance(call.func, ast.Attribute) and call.func.attr in self.rules.methods:
                 self._method(call, scope, self.rules.methods[call.func.attr])
 
+    def _unmappable(self, call: ast.Call, rule: Rule) -> bool:
+        """``f(*args, **kwargs)``: which parameter each argument is cannot be known, so it is reported."""
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            self._leave(call.lineno, rule, f"called with *args/**kwargs: not rewritten; {rule.note}")
+            return True
+        return False
+
     def _call(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         self.handled.add(id(call.func))
+        if self._unmappable(call, rule):
+            return
         func = self._spell(rule.target, chain.scope, call.lineno)
         add = {
             keyword: _TEMPLATE.sub(lambda m: self._spell(m[1], chain.scope, call.lineno), template)
@@ -276,6 +285,8 @@ class _FileMigration:
         self._edit(call, lambda text: rewrite_call(text, edits, func=func), [entry])
 
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
+        if self._unmappable(call, rule):
+            return
         first = self._spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)

@@ -204,14 +204,18 @@ def _keyword(name: str, value: str | cst.BaseExpression) -> cst.Arg:
                    equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
 
 
-def _arg_commas(args: list[cst.Arg], original) -> list[cst.Arg]:
-    """Commas between arguments; the last keeps the original last argument's (trailing comma or none)."""
+def _arg_commas(args: list[cst.Arg], original: list[cst.Arg]) -> list[cst.Arg]:
+    """Commas between arguments in the call's own style: new separators copy the one between its
+    last two arguments (a line break and indent if it had one); the last argument keeps the
+    original last argument's trailing comma, or none."""
     last_comma = original[-1].comma if original else cst.MaybeSentinel.DEFAULT
+    separator = original[-2].comma if len(original) >= 2 and isinstance(original[-2].comma, cst.Comma) \
+        else cst.Comma(whitespace_after=_SPACE)
     fixed = []
     for i, arg in enumerate(args):
         if i == len(args) - 1:
             arg = arg.with_changes(comma=last_comma)
-        elif not isinstance(arg.comma, cst.Comma) or arg.comma is last_comma and len(args) > len(original):
-            arg = arg.with_changes(comma=cst.Comma(whitespace_after=_SPACE))
+        elif not isinstance(arg.comma, cst.Comma) or arg.comma is last_comma:
+            arg = arg.with_changes(comma=separator)
         fixed.append(arg)
     return fixed

@@ -148,3 +148,10 @@ def test_module_level_code_is_not_spelled_through_a_later_import(migrate):
 def test_method_rule_applies_to_imported_objects_too(migrate):
     migrated, _ = migrate("import torch\nfrom model import net\nnet.cuda()\n", extra={"model.py": "net = None\n"})
     assert migrated == "import shim as torch\nfrom model import net\nnet.to(torch.device())\n"
+
+
+def test_star_arguments_cannot_be_mapped_and_are_reported(migrate):
+    source = "import deepspeed\nx.cuda(*args)\ndeepspeed.init_distributed(**kwargs)\n"
+    migrated, report = migrate(source)
+    assert migrated == source
+    assert [(u["line"], u["code"]) for u in report.unconverted] == [(2, "CUD004"), (3, "DSP002")]
