@@ -99,11 +99,14 @@ def setup(args):
     masker_kwargs = dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
                          gap_sentence_prob=args.gap_sentence_prob, gpt_min_ratio=args.gpt_min_ratio,
                          task_mask=args.task_mask)
-    batches = data.build_train_batches(
-        args.train_data, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=args.seed,
-        masker_kwargs=masker_kwargs, rank=layout.dp_rank, world_size=layout.dp_size, text_key=args.text_key,
-        start_batch=iteration * args.gradient_accumulation_steps,  # resume the data where it stopped
-    )
+    # The data stream has its own seeds; fork so that setting it up (a DataLoader draws a base seed)
+    # leaves the training RNG, just restored from the checkpoint, untouched.
+    with torch.random.fork_rng(devices=[]):
+        batches = data.build_train_batches(
+            args.train_data, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=args.seed,
+            masker_kwargs=masker_kwargs, rank=layout.dp_rank, world_size=layout.dp_size, text_key=args.text_key,
+            start_batch=iteration * args.gradient_accumulation_steps,  # resume the data where it stopped
+        )
     return layout, config, model, optimizer, scheduler, precision, batches, iteration
 
 
