@@ -25,36 +25,46 @@ _SHUFFLE_STREAM = 0x5EED  # keeps document shuffling's random stream apart from 
 
 
 class Windows:
-    """Window ``i`` (over all epochs) of the shuffled document stream, each ``seq_length`` ids."""
+    """Window ``i`` (over all epochs) of the shuffled document stream, each ``seq_length`` ids.
+
+    Only the framed documents are held (int32); an epoch is its document order, and a window gathers the
+    few documents it overlaps.
+    """
 
     def __init__(self, corpus: TokenizedCorpus, seq_length: int, seed: int, cls_id: int, eos_id: int):
         if len(corpus) == 0:
             raise ValueError("the corpus has no documents")
         self.seq_length, self.seed, self.cls_id = seq_length, seed, cls_id
-        # Frame every document once as [CLS] doc [eos]; an epoch is then one gather in shuffled order.
-        lengths = np.diff(corpus.offsets) + 2
-        self.starts = np.cumsum(lengths) - lengths
-        self.lengths = lengths
-        self.framed = np.empty(int(lengths.sum()), dtype=np.int64)
+        # Every document framed once as [CLS] doc [eos].
+        self.lengths = np.diff(corpus.offsets) + 2
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.framed = np.empty(int(self.lengths.sum()), dtype=np.int32)
         inside = np.ones(len(self.framed), dtype=bool)
-        inside[self.starts] = inside[self.starts + lengths - 1] = False
+        inside[self.starts] = inside[self.starts + self.lengths - 1] = False
         self.framed[inside] = corpus.ids
-        self.framed[self.starts], self.framed[self.starts + lengths - 1] = cls_id, eos_id
+        self.framed[self.starts], self.framed[self.starts + self.lengths - 1] = cls_id, eos_id
         self.per_epoch = max(1, len(self.framed) // seq_length)
-        self._epoch, self._stream = -1, self.framed
+        self._epoch, self._order, self._ends = -1, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
 
-    def stream(self, epoch: int) -> np.ndarray:
-        """All documents, framed, in epoch ``epoch``'s shuffled order."""
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``epoch``'s document order and where each document ends in its stream."""
         if epoch != self._epoch:
             order = np.random.default_rng([self.seed, epoch, _SHUFFLE_STREAM]).permutation(len(self.lengths))
-            lengths = self.lengths[order]
-            shift = np.repeat(self.starts[order] - (np.cumsum(lengths) - lengths), lengths)
-            self._epoch, self._stream = epoch, self.framed[np.arange(len(self.framed)) + shift]
-        return self._stream
+            self._epoch, self._order, self._ends = epoch, order, np.cumsum(self.lengths[order])
+        return self._order, self._ends
 
     def __getitem__(self, i: int) -> np.ndarray:
         epoch, k = divmod(i, self.per_epoch)
-        window = self.stream(epoch)[k * self.seq_length: (k + 1) * self.seq_length]
+        order, ends = self._layout(epoch)
+        start, stop = k * self.seq_length, min((k + 1) * self.seq_length, int(ends[-1]))
+        pieces = []
+        for j in range(int(np.searchsorted(ends, start, side="right")), len(order)):
+            doc_start = int(ends[j] - self.lengths[order[j]])
+            if doc_start >= stop:
+                break
+            offset = self.starts[order[j]] - doc_start
+            pieces.append(self.framed[offset + max(start, doc_start): offset + min(stop, int(ends[j]))])
+        window = np.concatenate(pieces).astype(np.int64)
         if window[0] != self.cls_id:
             window = np.concatenate(([self.cls_id], window[:-1]))
         return window

@@ -140,18 +140,23 @@ def test_embedded_corpus_cache_stays_out_of_the_package(tmp_path):
 
 def test_windows_cover_shuffled_documents():
     corpus = load_corpus(None, TOK)
+    framed = [(TOK.cls_id, *corpus[i].tolist(), TOK.eos_id) for i in range(len(corpus))]
     windows = Windows(corpus, 64, seed=0, cls_id=TOK.cls_id, eos_id=TOK.eos_id)
+    assert windows.per_epoch == sum(map(len, framed)) // 64
     epoch = [windows[i] for i in range(windows.per_epoch)]
     assert all(len(w) == 64 and w[0] == TOK.cls_id for w in epoch)
-    assert windows.per_epoch == (corpus.num_tokens + 2 * len(corpus)) // 64
     assert not np.array_equal(windows[0], windows[windows.per_epoch]), "each epoch reshuffles"
-    stream, framed = windows.stream(1), np.concatenate([[TOK.cls_id, *corpus[i], TOK.eos_id] for i in
-                                                           range(len(corpus))])
-    assert (stream == TOK.cls_id).sum() == len(corpus) == (stream == TOK.eos_id).sum()
-    assert sorted(stream.tolist()) == sorted(framed.tolist()) and not np.array_equal(stream, framed)
-    docs = np.split(stream, np.flatnonzero(stream == TOK.eos_id)[:-1] + 1)
-    assert sorted(map(tuple, docs)) == sorted(map(tuple, np.split(framed, np.flatnonzero(
-        framed == TOK.eos_id)[:-1] + 1))), "an epoch is a permutation of whole documents"
+
+    whole = Windows(corpus, sum(map(len, framed)), seed=0, cls_id=TOK.cls_id, eos_id=TOK.eos_id)
+    stream = np.concatenate([whole[0], whole[1]])  # one window per epoch: the epoch's whole stream
+    docs = [tuple(d) for d in np.split(stream, np.flatnonzero(stream == TOK.eos_id)[:-1] + 1)]
+    assert sorted(docs[: len(framed)]) == sorted(framed) == sorted(docs[len(framed):])
+    assert docs[: len(framed)] != framed and docs[: len(framed)] != docs[len(framed):]
+    # windows are consecutive slices of the epoch's stream, a [CLS] put in front when one starts mid-document
+    for k in range(windows.per_epoch):
+        piece = whole[0][64 * k: 64 * (k + 1)]
+        expected = piece if piece[0] == TOK.cls_id else np.concatenate(([TOK.cls_id], piece[:-1]))
+        assert np.array_equal(windows[k], expected)
 
 
 def test_batches_shapes_and_dtypes():
