@@ -197,12 +197,13 @@ def write_tree(results: list[Result], root: Path, dst: Path, extra: dict[str, st
                 shutil.copy2(root / r.relpath, target)
         for name, text in extra.items():
             (staging / name).write_text(text, encoding="utf-8")
-        yield_to = dst.with_name(f".{dst.name}.old")
-        if dst.exists():
-            os.rename(dst, yield_to)
+        previous = None
+        if dst.exists():  # empty, or --force: moved aside first so DST is never half old, half new
+            previous = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+            os.rename(dst, previous)
         os.rename(staging, dst)
-        if yield_to.exists():
-            shutil.rmtree(yield_to)
+        if previous is not None:
+            shutil.rmtree(previous)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
