@@ -34,7 +34,8 @@ __all__ = [
     "to_local",
 ]
 
-_meshes: dict[tuple, DeviceMesh] = {}
+# (the default process group these meshes belong to, {(device_type, rank grid): mesh})
+_meshes: tuple[object, dict[tuple, DeviceMesh]] = (None, {})
 
 
 def _nested_tuple(ranks):
@@ -68,10 +69,18 @@ def placement(device_type: str = "cpu", ranks=None) -> DeviceMesh:
     flat = _flat(grid)
     if len(set(flat)) != len(flat) or not all(0 <= r < world_size for r in flat):
         raise ValueError(f"placement ranks {ranks!r} must be distinct ranks in [0, {world_size})")
+    try:
+        rank_grid = torch.tensor(grid)
+    except ValueError:
+        raise ValueError(f"placement ranks {ranks!r} must be a list or a rectangular grid of ranks") from None
+    global _meshes
+    if _meshes[0] is not _dist.group.WORLD:  # a new process group: meshes of the old one are stale
+        _meshes = (_dist.group.WORLD, {})
+    cache = _meshes[1]
     key = (device_type, grid)
-    if key not in _meshes:
-        _meshes[key] = DeviceMesh(device_type, torch.tensor(grid))
-    return _meshes[key]
+    if key not in cache:
+        cache[key] = DeviceMesh(device_type, rank_grid)
+    return cache[key]
 
 
 def _placements(sbp, mesh: DeviceMesh) -> tuple[Placement, ...]:

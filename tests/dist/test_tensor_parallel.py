@@ -11,6 +11,7 @@ import shim
 import shim.distributed as sdist
 import shim.nn.functional as F
 from shim import sbp
+from shim.global_tensor import is_global
 from shim.ops.vocab_parallel_cross_entropy import vocab_parallel_sparse_softmax_cross_entropy
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -223,3 +224,23 @@ def test_on_two_ranks(two_ranks, name):
 def test_linear1d_rejects_unknown_mode():
     with pytest.raises(ValueError, match="parallel='diagonal'"):
         shim.nn.Linear1D(4, 4, parallel="diagonal")
+
+
+def test_global_tensors_in_a_world_of_one(world_of_one):
+    ranks = shim.placement("cuda")
+    assert ranks is shim.placement("cpu", [0])  # cached; "cuda" means the active device
+    x = shim.to_global(torch.arange(6.0).view(2, 3), placement=ranks, sbp=sbp.split(1))
+    assert is_global(x) and x.shape == (2, 3)
+    assert torch.equal(shim.to_local(shim.to_global(x, sbp=sbp.broadcast)), torch.arange(6.0).view(2, 3))
+    assert shim.to_local(torch.ones(1)).shape == (1,)
+
+
+def test_placement_and_to_global_errors(world_of_one):
+    with pytest.raises(ValueError, match=r"must be distinct ranks in \[0, 1\)"):
+        shim.placement("cpu", [0, 0])
+    with pytest.raises(ValueError, match="needs both placement= and sbp="):
+        shim.to_global(torch.ones(2), sbp=sbp.broadcast)
+    x = shim.to_global(torch.ones(2), placement=shim.placement("cpu"), sbp=sbp.broadcast)
+    other = shim.placement("cpu", [[0]])
+    with pytest.raises(ValueError, match="cannot move a global tensor to another placement"):
+        shim.to_global(x, placement=other, sbp=[sbp.broadcast, sbp.broadcast])
