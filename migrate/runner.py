@@ -16,6 +16,7 @@ import tempfile
 import time
 import tokenize
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,21 +141,17 @@ def migrate_tree(options: Options) -> tuple[Path, list[Result], dict]:
     except OSError as exc:
         raise MigrateError(f"cannot read {exc.filename}: {exc.strerror}") from None
     jobs = options.jobs or os.cpu_count() or 1
-    progress = tqdm(total=len(work), unit="file", desc="glm-migrate", leave=False,
-                    disable=options.quiet or not sys.stderr.isatty())
-    with progress:
+    with ExitStack() as stack:
         if jobs == 1 or len(work) < _SERIAL_BELOW:
             _init_worker(root, python_files, rules)
-            results = []
-            for item in work:
-                results.append(_migrate_file(*item))
-                progress.update()
+            migrated = (_migrate_file(*item) for item in work)
         else:
-            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(root, python_files, rules)) as pool:
-                results = []
-                for result in pool.map(_migrate_star, work, chunksize=max(1, len(work) // (jobs * 4))):
-                    results.append(result)
-                    progress.update()
+            pool = stack.enter_context(
+                ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(root, python_files, rules)))
+            # submitting everything starts the workers now, before tqdm may start its monitor thread
+            migrated = pool.map(_migrate_star, work, chunksize=max(1, len(work) // (jobs * 4)))
+        results = list(tqdm(migrated, total=len(work), unit="file", desc="glm-migrate", leave=False,
+                            disable=options.quiet or not sys.stderr.isatty()))
     results += [Result(rel, b"", None, None) for rel in other_files]
     reports = [r.report for r in results if r.report is not None]
     summary = summarize(reports, files_changed=sum(r.migrated is not None for r in results),
