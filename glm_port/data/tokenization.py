@@ -99,6 +99,17 @@ class GLMTokenizer:
     ``vocab_size`` is that padded to ``pad_multiple`` (the embedding size a model needs).
     """
 
+    pad_id: int | None
+    eos_id: int | None
+    cls_id: int | None
+    sep_id: int | None
+    mask_id: int | None
+    unk_id: int | None
+    sop_id: int | None
+    eop_id: int | None
+    gmask_id: int | None
+    smask_id: int | None
+
     def __init__(self, name: str, text: TextTokenizer, command_ids: dict[str, int], num_tokens: int,
                  fingerprint: str, pad_multiple: int = 128):
         unknown = set(command_ids) - set(COMMAND_NAMES)
