@@ -260,8 +260,15 @@ class _FileMigration:
                     if rule is not None:
                         self._call(call, chain, rule)
                         continue
-            if isinstance(call.func, ast.Attribute) and call.func.attr in self.rules.methods:
+            if isinstance(call.func, ast.Attribute) and call.func.attr in self.rules.methods \
+                    and not self._is_library_name(call.func.value, scope):
                 self._method(call, scope, self.rules.methods[call.func.attr])
+
+    def _is_library_name(self, node: ast.expr, scope: Scope) -> bool:
+        """Whether ``node`` names a library's module or class (``torch.nn.Module.cuda(self)`` is no method call)."""
+        found = dotted_parts(node)
+        binding = found and scope.import_of(found[0].id)
+        return bool(binding) and not self.index.is_tree_name(binding.source)
 
     def _unmappable(self, call: ast.Call, rule: Rule) -> bool:
         """``f(*args, **kwargs)``: which parameter each argument is cannot be known, so it is reported."""

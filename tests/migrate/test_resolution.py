@@ -155,3 +155,8 @@ def test_star_arguments_cannot_be_mapped_and_are_reported(migrate):
     migrated, report = migrate(source)
     assert migrated == source
     assert [(u["line"], u["code"]) for u in report.unconverted] == [(2, "CUD004"), (3, "DSP002")]
+
+
+def test_unbound_library_method_is_not_a_method_call(migrate):
+    migrated, _ = migrate("import torch\ntorch.nn.Module.cuda(self, device)\n")
+    assert migrated == "import shim as torch\ntorch.nn.Module.cuda(self, device)\n"
