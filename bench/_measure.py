@@ -28,9 +28,17 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
 def measure_step(step, repeats: int) -> dict:
     """Run ``step()`` once for the extra peak RSS, then ``repeats`` times for wall time."""
     baseline = peak_rss_bytes()
+    # The high-water mark only rises past the baseline if setup left no higher transient peak.
+    if baseline - current_rss_bytes() > 64 * MIB:
+        raise SystemExit("input setup peaked above its final memory; the step's extra peak would be understated")
     checksum = step()
     extra_peak = peak_rss_bytes() - baseline
     times, cpu_times = [], []

@@ -53,7 +53,8 @@ def worker(variant: str, args) -> dict:
     loss_fn = {"mpu": mpu_formula, "torch": torch_cross_entropy, "shim": shim_cross_entropy}[variant]
     generator = torch.Generator().manual_seed(0)
     dtype = getattr(torch, args.dtype)
-    logits = torch.randn(args.rows, args.vocab, generator=generator).to(dtype).requires_grad_()
+    # made in its dtype directly: a wider temporary would raise the RSS high-water mark
+    logits = torch.randn(args.rows, args.vocab, generator=generator, dtype=dtype).requires_grad_()
     labels = torch.randint(0, args.vocab, (args.rows,), generator=generator)
     loss_mask = (torch.rand(args.rows, generator=generator) < 0.9).float()
 
