@@ -115,8 +115,15 @@ class FusedAdam(torch.optim.Adam):
                 state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        states = [self.state[p] for p in params]
+        # Under torch.amp.GradScaler (this optimizer advertises _step_supports_amp_scaling, as torch's
+        # fused Adam does) the scaler leaves unscaling and the inf check to the optimizer.
         grads = [p.grad for p in params]
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        if found_inf is not None and found_inf.item():
+            return
+        if grad_scale is not None:
+            grads = torch._foreach_div(grads, grad_scale)
+        states = [self.state[p] for p in params]
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         torch._foreach_add_([s["step"] for s in states], 1)
@@ -180,9 +187,11 @@ class FusedSGD(torch.optim.SGD):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler: skip this step
+        skipped = found_inf is not None and bool(found_inf.item())
         groups = []
         for group in self.param_groups:
-            if group["wd_after_momentum"] and group["weight_decay"]:
+            if group["wd_after_momentum"] and group["weight_decay"] and not skipped:
                 params = [p for p in group["params"] if p.grad is not None]
                 if params:
                     torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])

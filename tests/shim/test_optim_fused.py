@@ -147,6 +147,31 @@ def test_bias_correction_per_group():
     assert FusedAdam(ours.parameters(), bias_correction=False).param_groups[0]["bias_correction"] is False
 
 
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_grad_scaler_unscales_and_skips_inf_steps(bias_correction):
+    torch.manual_seed(0)
+    grads = [torch.randn(4) for _ in range(6)]
+    grads[3] = torch.full((4,), float("inf"))  # GradScaler must skip this step
+    finite = [g for g in grads if g.isfinite().all()]
+
+    def run(steps, scaler):
+        w = torch.ones(4, requires_grad=True)
+        opt = FusedAdam([w], lr=1e-2, weight_decay=0.1, bias_correction=bias_correction)
+        for g in steps:
+            opt.zero_grad()
+            loss = (w * g).sum()
+            (scaler.scale(loss) if scaler else loss).backward()
+            scaler.step(opt) if scaler else opt.step()
+            if scaler:
+                scaler.update()
+        return w.detach(), opt.state[w]["step"]
+
+    scaled, scaled_steps = run(grads, torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    plain, plain_steps = run(finite, None)
+    torch.testing.assert_close(scaled, plain, atol=1e-6, rtol=1e-6)
+    assert scaled_steps == plain_steps == len(finite)
+
+
 def test_fused_adam_state_dict_round_trip():
     start = _model()
     first, resumed, straight = copy.deepcopy(start), copy.deepcopy(start), copy.deepcopy(start)
@@ -202,6 +227,15 @@ def test_fused_sgd_weight_decay_after_momentum():
         opt.step()
     torch.testing.assert_close(w.detach(), expected, atol=1e-6, rtol=1e-6)
     assert opt.param_groups[0]["weight_decay"] == wd  # the group keeps what the user set
+
+
+def test_fused_sgd_weight_decay_after_momentum_skips_inf_steps():
+    w = torch.ones(3, requires_grad=True)
+    opt = FusedSGD([w], lr=0.1, momentum=0.9, weight_decay=0.5, wd_after_momentum=True)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale((w * float("inf")).sum()).backward()
+    scaler.step(opt)
+    assert torch.equal(w.detach(), torch.ones(3))
 
 
 def test_fused_sgd_keeps_apex_zero_grad_default():
