@@ -1,0 +1,121 @@
+"""Parallelism is invisible in the math: glm-pretrain on 2 ranks logs what one process logs.
+
+fp32, no dropout. Data parallel 2 at --batch-size b == one process at 2b (same samples, same order);
+tensor parallel 2 == one process. Both runs happen in ONE launch of two gloo ranks (forked, so no
+re-import), each calling glm-pretrain's ``main`` as torchrun would.
+"""
+
+import contextlib
+import io
+import os
+import re
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from glm_port.pretrain_glm import main
+
+COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+          "--train-iters", "4", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+          "--lr", "3e-3"]
+RUNS = {  # name: (argv of each of the 2 ranks, argv of the one-process run)
+    "data_parallel": (["--batch-size", "2"], ["--batch-size", "4"]),
+    "tensor_parallel": (["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
+}
+SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
+TIMEOUT_S = 240
+LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
+
+
+def logged_losses(text: str) -> dict[int, float]:
+    return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    for name, (argv, _) in RUNS.items():
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                main([*COMMON, *argv])
+        except BaseException:
+            out.write("FAILED\n" + traceback.format_exc())
+        Path(out_dir, f"{name}.{rank}.txt").write_text(out.getvalue())
+    with contextlib.redirect_stdout(io.StringIO()):
+        main([*COMMON, *SAVE_TP, str(Path(out_dir, "tp_checkpoint"))])
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_logs():
+    assert not dist.is_initialized()
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(_rank_main, args=(_free_port(), out_dir), nprocs=2, start_method="fork",
+                                     join=False)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"two-rank glm-pretrain did not finish within {TIMEOUT_S} s")
+        logs = {p.name: p.read_text() for p in Path(out_dir).glob("*.txt")}
+        checkpoint = Path(out_dir, "tp_checkpoint", "2")
+        shards = [torch.load(checkpoint / f"mp_rank_{r:02d}_model_states.pt", weights_only=True)["module"]
+                  for r in (0, 1)]
+        yield logs, shards
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_ranks_log_the_losses_of_one_process(name, two_rank_logs, capsys):
+    two_rank_logs, _ = two_rank_logs
+    for rank in (0, 1):
+        assert "FAILED" not in two_rank_logs[f"{name}.{rank}.txt"], two_rank_logs[f"{name}.{rank}.txt"]
+    assert logged_losses(two_rank_logs[f"{name}.1.txt"]) == {}  # only rank 0 logs
+    parallel = logged_losses(two_rank_logs[f"{name}.0.txt"])
+
+    main([*COMMON, *RUNS[name][1]])
+    single = logged_losses(capsys.readouterr().out)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for iteration, loss in single.items():
+        assert parallel[iteration] == pytest.approx(loss, rel=1e-4), iteration
+    assert single[4] != single[1]  # it trained
+
+
+def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(two_rank_logs, tmp_path, capsys):
+    """mp_rank_00/01 hold Megatron's shards: QKV per third, h->4h and embeddings by rows, dense and
+    4h->h by columns; they reassemble into the one-process weights after the same two steps."""
+    _, shards = two_rank_logs
+    main([*COMMON, "--batch-size", "4", "--train-iters", "2", "--save", str(tmp_path)])
+    capsys.readouterr()
+    single = torch.load(tmp_path / "2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    assert set(shards[0]) == set(shards[1]) == set(single)
+    h = 32
+    for name, whole in single.items():
+        parts = [shard[name] for shard in shards]
+        if "query_key_value" in name:
+            assert parts[0].shape[0] == 3 * h // 2
+            merged = torch.cat([torch.cat([p.chunk(3)[i] for p in parts]) for i in range(3)])
+        elif name == "word_embeddings.weight" or "dense_h_to_4h" in name:
+            merged = torch.cat(parts)
+        elif name.endswith("dense.weight") or "dense_4h_to_h.weight" in name:
+            merged = torch.cat(parts, dim=1)
+        else:  # replicated: LayerNorms, position embeddings, row-parallel biases
+            torch.testing.assert_close(parts[0], parts[1])
+            merged = parts[0]
+        torch.testing.assert_close(merged, whole, rtol=1e-4, atol=1e-5, msg=name)
