@@ -216,3 +216,15 @@ def test_batch_argument_errors():
         build_train_batches(None, TOK, seq_length=32, batch_size=0, seed=0)
     with pytest.raises(TypeError):
         build_train_batches(None, TOK, seq_length=32, batch_size=2, seed=0, masker_kwargs=dict(bogus=1))
+
+
+def test_command_line_tokenizes_and_shows_samples(tmp_path, capsys):
+    from glm_port.data.__main__ import main
+
+    data = write_jsonl(tmp_path / "c.jsonl", [{"body": f"ada met finn {i} times. it was fun."} for i in range(30)])
+    assert main(["--train-data", str(data), "--text-key", "body", "--seq-length", "32", "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "30 documents" in out and "Part A" in out and "Part B at position" in out
+    assert list(tmp_path.glob("c.jsonl.*.glmcache.npz")), "the cache is warm for training"
+    assert main(["--train-data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "training data not found" in capsys.readouterr().err
