@@ -30,8 +30,9 @@ class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
     checkpoints keep their ``module.`` prefix either way.
     """
 
-    def __new__(cls, module, device_ids=None, output_device=None, process_group=None, **kwargs):
-        if get_world_size(group=process_group) > 1:
+    def __new__(cls, module=None, device_ids=None, output_device=None, process_group=None, **kwargs):
+        # module is None when copy/pickle re-creates an instance: always the plain wrapper then.
+        if module is not None and get_world_size(group=process_group) > 1:
             if not _on_accelerator(module):
                 device_ids = output_device = None
             return _TorchDDP(

@@ -1,5 +1,7 @@
 """shim.distributed: one process without a process group, a world of one, and two gloo ranks."""
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -65,6 +67,8 @@ def test_ddp_in_one_process_is_transparent():
     x = torch.randn(4, 3)
     with wrapped.no_sync():
         assert torch.equal(wrapped(x), model(x))
+    clone = copy.deepcopy(wrapped)
+    assert isinstance(clone, sdist.DistributedDataParallel) and torch.equal(clone(x), model(x))
 
 
 def test_world_of_one_needs_no_launcher(world_of_one):
