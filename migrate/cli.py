@@ -50,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
                    help="skip these rules: comma-separated codes or families")
     p.add_argument("--report", type=Path, metavar="PATH",
                    help="write the JSON report here (and the Markdown one beside it as .md)")
+    p.add_argument("--rules", type=Path, metavar="DIR",
+                   help="read the rule tables from DIR instead of the built-in rules/ (same schema)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
     return p
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         src=args.src, dst=args.output, in_place=args.in_place, diff=args.diff, check=args.check,
         jobs=args.jobs, select=args.select, ignore=frozenset(args.ignore), report=args.report,
-        quiet=args.quiet, force=args.force,
+        quiet=args.quiet, force=args.force, rules_dir=str(args.rules) if args.rules else None,
     )
     try:
         return run(options)

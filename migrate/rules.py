@@ -82,6 +82,8 @@ def _parse(path: Path) -> list[Rule]:
 def load_rules(directory: str | None = None) -> tuple[Rule, ...]:
     """All rules from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), codes unique."""
     root = Path(directory) if directory else rules_dir()
+    if not root.is_dir():
+        raise RuleError(f"rule tables not found: {root} is not a directory")
     rules: list[Rule] = []
     for path in sorted(root.glob("*.toml")):
         rules.extend(_parse(path))

@@ -161,3 +161,16 @@ def test_console_script_help():
     for flag in ("--diff", "--check", "-j N", "--select CODES", "--ignore CODES", "--report PATH", "--quiet",
                  "--in-place", "exit status"):
         assert flag in out.stdout
+
+
+def test_own_rule_tables(src, tmp_path, capsys):
+    tables = tmp_path / "rules"
+    tables.mkdir()
+    (tables / "local.toml").write_text('[[rule]]\ncode = "LOC001"\nkind = "module"\n'
+                                       'match = "deepspeed.checkpointing"\ntarget = "shim.checkpointing"\n')
+    assert main([str(src / "mpu" / "transformer.py"), "--diff", "-q", "--rules", str(tables)]) == 0
+    out = capsys.readouterr().out
+    assert "+        if shim.checkpointing.is_configured():" in out and "+import shim\n" in out
+    assert "-import torch\n" not in out  # only the local table applies
+    assert main([str(src), "--check", "--rules", str(tmp_path / "missing")]) == 2
+    assert "rule tables not found" in capsys.readouterr().err
