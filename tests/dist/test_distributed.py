@@ -99,6 +99,22 @@ def test_setup_dist_util_in_one_process(world_of_one):
     assert sdist.is_main_process()
 
 
+def test_pipeline_of_one_stage_matches_the_whole_batch(world_of_one):
+    sdist.setup_dist_util()
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    schedule = sdist.pipeline_schedule(model, n_microbatches=2, loss_fn=torch.nn.functional.mse_loss)
+    losses = []
+    schedule.step(x, target=y, losses=losses)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    torch.testing.assert_close(model.weight.grad, reference.weight.grad)
+    assert list(sdist.stage_layers()) == [0]
+    with pytest.raises(ValueError, match="expected one of"):
+        sdist.pipeline_schedule(model, n_microbatches=2, schedule="zigzag")
+
+
 @pytest.mark.parametrize(
     "sizes, message",
     [
