@@ -1,10 +1,10 @@
 """Migrate one file: resolve every name against the rules, then rewrite only what must change.
 
-Analysis runs on the stdlib ``ast`` (a C parser, about 4x cheaper than
-building a full libcst tree for the GLM tree, which alone would eat the 5 s
-budget); each rewrite is a libcst transformation of the one statement or
-call it touches (``migrate.rewrite``), spliced back by exact source offsets.
-So every untouched byte stays as it was, by construction.
+Analysis runs on the stdlib ``ast``, a C parser: building full libcst trees
+for THUDM/GLM takes longer than this whole tool (``bench/migrate.py
+--baseline``). Each rewrite is a libcst transformation of the one statement
+or call it touches (``migrate.rewrite``), spliced back by exact source
+offsets, so every untouched byte stays as it was, by construction.
 
 Steps, per file:
 

@@ -48,8 +48,8 @@ def summarize(files: list[FileReport], *, files_changed: int, seconds: float) ->
 
 
 def to_json(summary: dict, files: list[FileReport]) -> str:
-    listed = [asdict(f) for f in files if f.changes or f.unconverted or f.kept or f.error]
-    return json.dumps({"summary": summary, "files": listed}, indent=2) + "\n"
+    """Every scanned Python file is listed, with empty lists where nothing applied."""
+    return json.dumps({"summary": summary, "files": [asdict(f) for f in files]}, indent=2) + "\n"
 
 
 def _one_line(text: str, limit: int = 80) -> str:

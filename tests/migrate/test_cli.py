@@ -49,6 +49,7 @@ def test_tree_migrates_to_the_expected_tree(src, tmp_path):
     assert set(summary) >= {"files_scanned", "files_changed", "changes_by_rule", "unconverted",
                             "conversion_rate", "errors", "seconds"}
     by_path = {f["path"]: f for f in report["files"]}
+    assert len(by_path) == 20 and by_path["data_utils/__init__.py"]["changes"] == []
     assert set(by_path["pretrain_glm.py"]) == {"path", "changes", "unconverted", "kept", "error"}
     assert by_path["legacy_py2.py"]["error"].startswith("SyntaxError")
     assert [(k["line"], k["code"]) for k in by_path["train_utils.py"]["kept"]] == [(1, "DSP199"), (34, "DSP101")]
