@@ -15,6 +15,10 @@ Three tasks, drawn per sample with ``bert_prob`` / ``gap_sentence_prob`` / the r
   probability ``gpt_infill_prob`` (or when the window holds several documents) it is the text's suffix, fed
   as ``[gMASK] [sop] suffix[:-1]`` with no ``[eop]``, as upstream does; otherwise a span inside the document.
 
+Upstream's ``block_mask_prob`` (Part B inputs of token spans hidden behind ``[dBLOCK]``),
+``single_span_prob`` (one token span) and ``short_seq_prob`` (a text of random length in [32, seq_length-2];
+upstream cuts several such pieces from random sentence starts, here it is the window's prefix) are kept.
+
 Unlike upstream, whose samples grow by two tokens per span and are padded per batch, every sample here is
 exactly ``seq_length`` long: the text is cut to ``seq_length - 2 * num_spans`` tokens (the rest of the window
 is dropped) and the remainder padded. Tasks are drawn per sample, not per batch, so that a sample depends only
@@ -101,10 +105,12 @@ class BlockMasker:
                  avg_block_length: float = 3, max_block_length: int = 40, mask_ratio: float = 0.15,
                  bert_prob: float = 1.0, gap_sentence_prob: float = 0.0, gap_sentence_ratio: float = 0.15,
                  gpt_infill_prob: float = 0.5, gpt_min_ratio: float = 0.5, task_mask: bool = False,
-                 shuffle_blocks: bool = True):
+                 shuffle_blocks: bool = True, block_mask_prob: float = 0.0, short_seq_prob: float = 0.0,
+                 single_span_prob: float = 0.0):
         for name, p in [("mask_ratio", mask_ratio), ("bert_prob", bert_prob), ("gpt_min_ratio", gpt_min_ratio),
                         ("gap_sentence_prob", gap_sentence_prob), ("gap_sentence_ratio", gap_sentence_ratio),
-                        ("gpt_infill_prob", gpt_infill_prob)]:
+                        ("gpt_infill_prob", gpt_infill_prob), ("block_mask_prob", block_mask_prob),
+                        ("short_seq_prob", short_seq_prob), ("single_span_prob", single_span_prob)]:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {p}")
         if bert_prob + gap_sentence_prob > 1.0 + 1e-9:
@@ -113,7 +119,8 @@ class BlockMasker:
             raise ValueError("avg_block_length must be > 0 and max_block_length >= 2")
         if seq_length is not None and seq_length < 4:
             raise ValueError(f"seq_length must be at least 4, got {seq_length}")
-        needed = ["cls", "eos", "pad", "mask", "sop", "eop"] + (["gmask", "smask"] if task_mask else [])
+        needed = ["cls", "eos", "pad", "mask", "sop", "eop"] + (["gmask", "smask"] if task_mask else []) + (
+            ["dblock"] if block_mask_prob else [])
         missing = [name for name in needed if tokenizer.command_ids.get(name) is None]
         if missing:
             raise ValueError(f"{tokenizer.name} has no {', '.join(missing)} token(s), needed for blank infilling")
@@ -127,6 +134,9 @@ class BlockMasker:
         self.gpt_infill_prob = gpt_infill_prob
         self.gpt_min_ratio = gpt_min_ratio
         self.shuffle_blocks = shuffle_blocks
+        self.block_mask_prob = block_mask_prob
+        self.short_seq_prob = short_seq_prob
+        self.single_span_prob = single_span_prob
         self.span_lengths = np.arange(1, max_block_length)
         self.span_cdf = np.cumsum(_span_length_distribution(avg_block_length, max_block_length))
         self.span_cdf[-1] = 1.0  # rounding must not leave a draw past the last length
@@ -135,6 +145,7 @@ class BlockMasker:
         self.sop_id, self.eop_id, self.mask_id = ids["sop"], ids["eop"], ids["mask"]
         self.gmask_id = ids["gmask"] if task_mask else ids["mask"]
         self.smask_id = ids["smask"] if task_mask else ids["mask"]
+        self.dblock_id = ids.get("dblock")
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, token_ids: Sequence[int] | np.ndarray, index: int | None = None) -> dict[str, np.ndarray]:
@@ -143,21 +154,36 @@ class BlockMasker:
         if tokens.ndim != 1 or len(tokens) == 0:
             raise ValueError(f"BlockMasker needs a non-empty 1-D window of token ids, got shape {tokens.shape}")
         length = self.seq_length or len(tokens)
-        draw = rng.random()
-        if draw < self.bert_prob:
-            parts = self._token_spans(tokens, length, rng)
-        elif draw < self.bert_prob + self.gap_sentence_prob:
-            parts = self._sentence_spans(tokens, length, rng)
+        used = length
+        if self.short_seq_prob and rng.random() < self.short_seq_prob:
+            # a short sequence: upstream's random length in [32, length - 2], then padding
+            used = int(rng.integers(min(32, length - 2), length - 1))
+        if self.single_span_prob and rng.random() < self.single_span_prob:
+            parts = self._token_spans(tokens, used, rng, single=True)
         else:
-            parts = self._generation(tokens, length, rng)
+            draw = rng.random()
+            if draw < self.bert_prob:
+                parts = self._token_spans(tokens, used, rng)
+            elif draw < self.bert_prob + self.gap_sentence_prob:
+                parts = self._sentence_spans(tokens, used, rng)
+            else:
+                parts = self._generation(tokens, used, rng)
         return self._padded(*parts, length)
 
     # -- the three tasks ---------------------------------------------------------------------------------
 
-    def _token_spans(self, tokens, length, rng):
-        lengths = self._draw_span_lengths(min(len(tokens), length), length, rng)
+    def _token_spans(self, tokens, length, rng, single=False):
+        if single:  # upstream's --single-span-prob: one Poisson-length span
+            lengths = self.span_lengths[np.searchsorted(self.span_cdf, rng.random(1))]
+        else:
+            lengths = self._draw_span_lengths(min(len(tokens), length), length, rng)
         text = tokens[: length - 2 * len(lengths)]
-        return self._blocks(text, self._place_in_documents(text, lengths, rng), self.mask_id, rng)
+        inputs, targets, loss, positions, block_positions, sep = self._blocks(
+            text, self._place_in_documents(text, lengths, rng), self.mask_id, rng)
+        if self.block_mask_prob:  # upstream's --block-mask-prob: hide Part B inputs (not [sop]) behind [dBLOCK]
+            hidden = (block_positions > 1) & (rng.random(len(inputs)) < self.block_mask_prob)
+            inputs = np.where(hidden, self.dblock_id, inputs)
+        return inputs, targets, loss, positions, block_positions, sep
 
     def _sentence_spans(self, tokens, length, rng):
         """Shuffled whole sentences until ``gap_sentence_ratio`` of the text is covered (upstream takes at

@@ -17,9 +17,10 @@ import numpy as np
 
 SOP, EOP = "<|startofpiece|>", "<|endofpiece|>"
 GMASK, SMASK = "[gMASK]", "[sMASK]"
+DBLOCK = "[dBLOCK]"  # replaces Part B inputs under upstream's --block-mask-prob
 # Characters whose presence makes a token end a sentence (upstream's ``contains_sentence_end``).
 SENTENCE_END_CHARS = frozenset(".?!;:。？！；…\n")
-COMMAND_NAMES = ("pad", "eos", "cls", "sep", "mask", "unk", "sop", "eop", "gmask", "smask")
+COMMAND_NAMES = ("pad", "eos", "cls", "sep", "mask", "unk", "sop", "eop", "gmask", "smask", "dblock")
 
 
 class TextTokenizer(Protocol):
@@ -94,8 +95,8 @@ class SentencePieceTextTokenizer:
 class GLMTokenizer:
     """A vocabulary with GLM's command tokens; the object every part of glm_port tokenizes with.
 
-    Attributes ``pad_id, eos_id, cls_id, sep_id, mask_id, unk_id, sop_id, eop_id, gmask_id, smask_id`` are
-    ids (``None`` where the vocabulary has no such command). ``num_tokens`` counts real tokens;
+    Attributes ``pad_id, eos_id, cls_id, sep_id, mask_id, unk_id, sop_id, eop_id, gmask_id, smask_id,
+    dblock_id`` are ids (``None`` where the vocabulary has no such command). ``num_tokens`` counts real tokens;
     ``vocab_size`` is that padded to ``pad_multiple`` (the embedding size a model needs).
     """
 
@@ -109,6 +110,7 @@ class GLMTokenizer:
     eop_id: int | None
     gmask_id: int | None
     smask_id: int | None
+    dblock_id: int | None
 
     def __init__(self, name: str, text: TextTokenizer, command_ids: dict[str, int], num_tokens: int,
                  fingerprint: str, pad_multiple: int = 128):
@@ -221,21 +223,22 @@ def _check_ids(name: str, tokenizer, expected: dict[str, int]) -> dict[str, int]
 
 def wordpiece_tokenizer(tok, name: str, fingerprint: str) -> GLMTokenizer:
     """GLM's BERT layout on a ``tokenizers`` WordPiece vocabulary: [PAD] (= eos), [CLS], [SEP], [MASK], [UNK]
-    where the vocabulary has them; sop, eop, [gMASK], [sMASK] appended after it (upstream's order)."""
+    where the vocabulary has them; sop, eop, [gMASK], [sMASK], [dBLOCK] appended after it (upstream's order)."""
     base = tok.get_vocab_size()
-    _with_added(tok, [SOP, EOP, GMASK, SMASK])
+    _with_added(tok, [SOP, EOP, GMASK, SMASK, DBLOCK])
     named = {"pad": "[PAD]", "eos": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]", "unk": "[UNK]",
-             "sop": SOP, "eop": EOP, "gmask": GMASK, "smask": SMASK}
+             "sop": SOP, "eop": EOP, "gmask": GMASK, "smask": SMASK, "dblock": DBLOCK}
     ids = {command: tok.token_to_id(token) for command, token in named.items()}
     missing = [named[c] for c in ("pad", "cls", "sep", "mask", "unk") if ids[c] is None]
     if missing:
         raise ValueError(f"{name}: WordPiece vocab lacks {', '.join(missing)}")
     _with_added(tok, [named[c] for c in ("pad", "cls", "sep", "mask", "unk")])  # recognised in text, kept whole
-    return GLMTokenizer(name, HFTextTokenizer(tok), ids, base + 4, fingerprint)
+    return GLMTokenizer(name, HFTextTokenizer(tok), ids, base + 5, fingerprint)
 
 
 def bert_wordpiece(path: Path, lowercase: bool | None = None) -> GLMTokenizer:
-    """BERT WordPiece (GLM-Base/Large), with [gMASK]/[sMASK] as upstream's ``--task-mask`` adds them."""
+    """BERT WordPiece (GLM-Base/Large), with [gMASK]/[sMASK]/[dBLOCK] as upstream's ``--task-mask
+    --block-mask-prob`` add them."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     vocab = _find_one(path, ["vocab.txt", "*vocab.txt"], "WordPiece vocab (.txt)")
@@ -265,22 +268,22 @@ def gpt2_bpe(path: Path, roberta: bool | None = None) -> GLMTokenizer:
     tok.decoder = decoders.ByteLevel()
     base = tok.get_vocab_size()
     if roberta:
-        _with_added(tok, ["<s>", "</s>", "<unk>", "<mask>", SOP, EOP, GMASK, SMASK],
+        _with_added(tok, ["<s>", "</s>", "<unk>", "<mask>", SOP, EOP, GMASK, SMASK, DBLOCK],
                     lstrip=["<mask>", GMASK, SMASK])
         ids = _check_ids("RoBERTa BPE", tok, {
             "pad": ("</s>", 2), "eos": ("</s>", 2), "sep": ("</s>", 2), "cls": ("<s>", 0),
             "mask": ("<mask>", base - 1), "unk": ("<unk>", 3), "sop": (SOP, base), "eop": (EOP, base + 1),
-            "gmask": (GMASK, base + 2), "smask": (SMASK, base + 3)})
-        name, num_tokens = "RobertaBPETokenizer", base + 4
+            "gmask": (GMASK, base + 2), "smask": (SMASK, base + 3), "dblock": (DBLOCK, base + 4)})
+        name, num_tokens = "RobertaBPETokenizer", base + 5
     else:
-        _with_added(tok, ["<|endoftext|>", SOP, EOP, "[CLS]", "[MASK]", "[SEP]", "[UNK]", GMASK, SMASK],
+        _with_added(tok, ["<|endoftext|>", SOP, EOP, "[CLS]", "[MASK]", "[SEP]", "[UNK]", GMASK, SMASK, DBLOCK],
                     lstrip=["[MASK]", GMASK, SMASK])
         ids = _check_ids("GPT-2 BPE", tok, {
             "pad": ("<|endoftext|>", base - 1), "eos": ("<|endoftext|>", base - 1), "sop": (SOP, base),
             "eop": (EOP, base + 1), "cls": ("[CLS]", base + 2), "mask": ("[MASK]", base + 3),
             "sep": ("[SEP]", base + 4), "unk": ("[UNK]", base + 5), "gmask": (GMASK, base + 6),
-            "smask": (SMASK, base + 7)})
-        name, num_tokens = "GPT2BPETokenizer", base + 8
+            "smask": (SMASK, base + 7), "dblock": (DBLOCK, base + 8)})
+        name, num_tokens = "GPT2BPETokenizer", base + 9
     fp = _fingerprint(name, vocab.read_bytes(), merges.read_bytes())
     return GLMTokenizer(name, HFTextTokenizer(tok), ids, num_tokens, fp)
 
@@ -290,7 +293,7 @@ def chinese_sentencepiece(path: Path) -> GLMTokenizer:
 
     Ids follow upstream with ``--fix-command-token`` (the released checkpoints' layout): commands start at
     the model's size n: eos=pad n, [SEP] n+1, [CLS] n+2, [MASK] n+3, [UNK] n+4, (n+5 unused), sop n+6,
-    eop n+7, [sMASK] n+8, [gMASK] n+9. Without that flag upstream gives [gMASK] the id of eop.
+    eop n+7, [sMASK] n+8, [gMASK] n+9, [dBLOCK] n+10. Without that flag upstream gives [gMASK] the id of eop.
     """
     import sentencepiece
 
@@ -298,11 +301,11 @@ def chinese_sentencepiece(path: Path) -> GLMTokenizer:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
     n = sp.vocab_size()
     commands = {"<|endoftext|>": n, "[SEP]": n + 1, "[CLS]": n + 2, "[MASK]": n + 3, "[UNK]": n + 4,
-                SOP: n + 6, EOP: n + 7, SMASK: n + 8, GMASK: n + 9}
+                SOP: n + 6, EOP: n + 7, SMASK: n + 8, GMASK: n + 9, DBLOCK: n + 10}
     ids = {"pad": n, "eos": n, "sep": n + 1, "cls": n + 2, "mask": n + 3, "unk": n + 4, "sop": n + 6,
-           "eop": n + 7, "smask": n + 8, "gmask": n + 9}
+           "eop": n + 7, "smask": n + 8, "gmask": n + 9, "dblock": n + 10}
     fp = _fingerprint("chinese-sp", model.read_bytes())
-    return GLMTokenizer("ChineseSPTokenizer", SentencePieceTextTokenizer(sp, commands), ids, n + 10, fp)
+    return GLMTokenizer("ChineseSPTokenizer", SentencePieceTextTokenizer(sp, commands), ids, n + 11, fp)
 
 
 DEFAULT_TOKENIZER = "TinyWordPieceTokenizer"

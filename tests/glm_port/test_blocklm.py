@@ -280,3 +280,36 @@ def test_real_vocabularies_mask_consistently(kind):
         assert sample["text"].max() < tok.num_tokens and sample["loss_mask"].sum() > 0
         assert sample["text"][sep] == tok.sop_id
     assert seen == {tok.mask_id, tok.smask_id, tok.gmask_id}
+
+
+def test_block_mask_hides_part_b_inputs_only():
+    masked = BlockMasker(TOK, seed=0, seq_length=256, block_mask_prob=0.3)
+    plain = BlockMasker(TOK, seed=0, seq_length=256)  # the same draws up to the hiding
+    rng = np.random.default_rng(8)
+    hidden = candidates = 0
+    for i in range(100):
+        tokens = window(rng, 256)
+        sample, reference = masked(tokens, index=i), plain(tokens, index=i)
+        for key in ("target", "loss_mask", "attention_mask", "position_id"):
+            assert np.array_equal(sample[key], reference[key])
+        changed = sample["text"] != reference["text"]
+        assert (sample["text"][changed] == TOK.dblock_id).all()
+        assert (sample["position_id"][1][changed] > 1).all(), "only Part B inputs after [sop]"
+        hidden += int(changed.sum())
+        candidates += int((sample["position_id"][1] > 1).sum())
+    assert abs(hidden / candidates - 0.3) < 0.03
+
+
+def test_single_spans_and_short_sequences():
+    rng = np.random.default_rng(9)
+    single = BlockMasker(TOK, seed=0, seq_length=128, single_span_prob=0.4)
+    counts = [len(reconstruct(single(window(rng, 128), index=i))[1]) for i in range(300)]
+    assert abs(np.mean(np.array(counts) == 1) - 0.4) < 0.07 and max(counts) > 3
+
+    short = BlockMasker(TOK, seed=0, seq_length=128, short_seq_prob=0.5, bert_prob=0.5, gap_sentence_prob=0.2)
+    used = []
+    for i in range(300):
+        sample = short(window(rng, 128), index=i)
+        used.append(int(sample["attention_mask"]) + int((sample["position_id"][1] > 0).sum()))
+    used = np.array(used)
+    assert abs(np.mean(used < 120) - 0.5) < 0.08 and used.min() >= 32

@@ -15,22 +15,24 @@ needs_vocab = pytest.mark.skipif(not VOCAB.is_dir(), reason=f"real vocab files n
 REAL = {
     "BertWordPieceTokenizer": (
         "bert-base-uncased-vocab.txt",
-        dict(pad=0, eos=0, cls=101, sep=102, mask=103, unk=100, sop=30522, eop=30523, gmask=30524, smask=30525),
-        30526, 30592),
+        dict(pad=0, eos=0, cls=101, sep=102, mask=103, unk=100, sop=30522, eop=30523, gmask=30524, smask=30525,
+             dblock=30526),
+        30527, 30592),
     "GPT2BPETokenizer": (
         "gpt2-vocab.json",
         dict(pad=50256, eos=50256, sop=50257, eop=50258, cls=50259, mask=50260, sep=50261, unk=50262, gmask=50263,
-             smask=50264),
-        50265, 50304),
+             smask=50264, dblock=50265),
+        50266, 50304),
     "RobertaBPETokenizer": (
         "roberta-vocab.json",
-        dict(pad=2, eos=2, sep=2, cls=0, mask=50264, unk=3, sop=50265, eop=50266, gmask=50267, smask=50268),
-        50269, 50304),
+        dict(pad=2, eos=2, sep=2, cls=0, mask=50264, unk=3, sop=50265, eop=50266, gmask=50267, smask=50268,
+             dblock=50269),
+        50270, 50304),
     "ChineseSPTokenizer": (
         "cog-pretrain.model",
         dict(pad=50000, eos=50000, sep=50001, cls=50002, mask=50003, unk=50004, sop=50006, eop=50007, smask=50008,
-             gmask=50009),
-        50010, 50048),
+             gmask=50009, dblock=50010),
+        50011, 50048),
 }
 
 ROUND_TRIP = {
@@ -101,7 +103,7 @@ def test_default_tokenizer_layout():
     assert tok.name == DEFAULT_TOKENIZER
     assert (tok.pad_id, tok.eos_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 0, 1, 2, 3, 4)
     n = tok.num_tokens
-    assert (tok.sop_id, tok.eop_id, tok.gmask_id, tok.smask_id) == (n - 4, n - 3, n - 2, n - 1)
+    assert (tok.sop_id, tok.eop_id, tok.gmask_id, tok.smask_id, tok.dblock_id) == (n - 5, n - 4, n - 3, n - 2, n - 1)
     assert tok.vocab_size % 128 == 0 and tok.vocab_size >= n
 
 
