@@ -8,7 +8,6 @@ import threading
 
 import pytest
 import torch
-import torch.utils.checkpoint
 
 import shim.compat
 from shim.compat import cudaless, devices, six
@@ -187,13 +186,26 @@ def test_seen_by_other_threads(compat):
     assert results == [torch.device("cpu")]
 
 
-def test_reaches_recomputation_in_backward(compat):
-    # Activation checkpointing reruns the forward inside backward: its 'cuda' factories still work.
-    def block(x):
-        return x * torch.ones(x.shape, device="cuda") + torch.cuda.FloatTensor([1.0])
+class _RecomputeInBackward(torch.autograd.Function):
+    """mpu's CheckpointFunction in miniature: the forward's 'cuda' code runs again inside backward."""
 
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.ones(x.shape, device="cuda")
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            y = x * torch.ones(x.shape, device="cuda") + torch.cuda.FloatTensor([1.0])
+        return torch.autograd.grad(y, x, grad)[0]
+
+
+def test_reaches_recomputation_in_backward(compat):
     x = torch.randn(3, requires_grad=True)
-    torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True).sum().backward()
+    _RecomputeInBackward.apply(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.ones(3))
 
 

@@ -4,6 +4,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shim.optim import DeepSpeedCPUAdam, FusedAdam, FusedSGD
 
@@ -70,6 +72,24 @@ def test_fused_adam_l2_mode_is_adam():
     )
     _assert_moved(ours, start)
     _assert_same(ours, theirs)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    lr=st.floats(1e-4, 1e-1),
+    beta1=st.floats(0.0, 0.99),
+    beta2=st.floats(0.9, 0.9999),
+    eps=st.floats(1e-10, 1e-3),
+    weight_decay=st.floats(0.0, 0.5),
+    adam_w_mode=st.booleans(),
+)
+def test_fused_adam_matches_torch_for_any_hyperparameters(lr, beta1, beta2, eps, weight_decay, adam_w_mode):
+    kw = dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    reference = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    _, ours, theirs = _pair(
+        lambda m: FusedAdam(m.parameters(), adam_w_mode=adam_w_mode, **kw), lambda m: reference(m.parameters(), **kw), steps=5
+    )
+    _assert_same(ours, theirs, atol=1e-5)
 
 
 def test_fused_adam_weight_decay_defaults_to_zero_not_adamw_001():
