@@ -4,6 +4,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 import torch.distributed as dist
 
 import shim.distributed as sdist
@@ -128,6 +130,16 @@ def test_bad_sizes_fail_before_any_collective(sizes, message):
     with pytest.raises(ValueError, match=message):
         sdist.setup_dist_util(**sizes)
     assert not dist.is_initialized()
+
+
+@given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n))))
+def test_stage_layers_inverts_layer_stage(layers_and_stages):
+    layers, stages = layers_and_stages
+    layout = sdist.ParallelLayout(1, 1, stages, layers, "cpu", mesh=None, stage_meshes=[])
+    held = [list(layout.stage_layers(stage)) for stage in range(stages)]
+    assert sum(held, []) == list(range(layers))  # every layer once, in order
+    assert max(map(len, held)) - min(map(len, held)) <= 1  # balanced
+    assert all(layout.layer_stage(i) == stage for stage, ids in enumerate(held) for i in ids)
 
 
 def test_layer_stage_split():
