@@ -256,9 +256,15 @@ class _FileMigration:
                 chain = Chain(call.func, found[0], found[1], scope)
                 resolved = self._resolve(chain)
                 if resolved is not None:
-                    rule = self.rules.calls.get(self.index.canonical(resolved[1])[0])
+                    canonical = self.index.canonical(resolved[1])[0]
+                    rule = self.rules.calls.get(canonical)
                     if rule is not None:
                         self._call(call, chain, rule)
+                        continue
+                    rule = self.rules.arguments.get(canonical)
+                    if rule is not None and self.scopes.keyword_of.get(id(call)) == rule.args["keyword"] \
+                            and not call.args and not call.keywords:
+                        self._argument(call, chain, rule)
                         continue
             if isinstance(call.func, ast.Attribute) and call.func.attr in self.rules.methods \
                     and not self._is_library_name(call.func.value, scope):
@@ -290,6 +296,13 @@ class _FileMigration:
         self._consume(chain.root.id, rule.code)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target)
         self._edit(call, lambda text: rewrite_call(text, edits, func=func), [entry])
+
+    def _argument(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
+        self.handled.add(id(call.func))
+        value = self._spell(rule.target, chain.scope, call.lineno) + "()"
+        self._consume(chain.root.id, rule.code)
+        self._change(call.lineno, rule, self._segment(call), value, rule.target + "()")
+        self._edit(call, lambda _text: value)
 
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
         if self._unmappable(call, rule):

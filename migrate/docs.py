@@ -12,6 +12,7 @@ KIND_TEXT = {
     "module": "module",
     "symbol": "symbol",
     "call": "call (arguments edited)",
+    "argument": "argument value",
     "method": "method call",
     "unsupported": "unsupported (reported)",
     "report": "kept (reported)",

@@ -17,9 +17,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KINDS = frozenset({"module", "symbol", "call", "method", "unsupported", "report"})
+KINDS = frozenset({"module", "symbol", "call", "argument", "method", "unsupported", "report"})
 SAFETY = frozenset({"safe", "review"})
-NEEDS_TARGET = frozenset({"module", "symbol", "call", "method"})
+NEEDS_TARGET = frozenset({"module", "symbol", "call", "argument", "method"})
 
 
 class RuleError(ValueError):
@@ -112,8 +112,9 @@ class RuleSet:
             return wanted and rule.code not in ignore and rule.family not in ignore
 
         self.rules = tuple(r for r in rules if active(r))
-        self._by_name = {r.match: r for r in self.rules if r.kind not in ("call", "method")}
+        self._by_name = {r.match: r for r in self.rules if r.kind not in ("call", "argument", "method")}
         self.calls = {r.match: r for r in self.rules if r.kind == "call"}
+        self.arguments = {r.match: r for r in self.rules if r.kind == "argument"}
         self.methods = {r.match: r for r in self.rules if r.kind == "method"}
 
     def best(self, name: str) -> Rule | None:

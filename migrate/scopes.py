@@ -88,6 +88,7 @@ class FileScopes:
     chains: list[Chain]
     calls: list[tuple[ast.Call, Scope]]
     name_loads: dict[str, int]  # how often each name is read, anywhere in the file
+    keyword_of: dict[int, str]  # id(call) -> the keyword it is passed as (``device=f()``)
     container: dict[int, list[ast.stmt]]  # id(import statement) -> the statement list holding it
 
 
@@ -141,6 +142,7 @@ class _Collector(ast.NodeVisitor):
         self.imports: list[ImportBinding] = []
         self.chains: list[Chain] = []
         self.calls: list[tuple[ast.Call, Scope]] = []
+        self.keyword_of: dict[int, str] = {}
         self.name_loads: dict[str, int] = {}
         self.in_fstring = 0
 
@@ -197,6 +199,9 @@ class _Collector(ast.NodeVisitor):
         if not self.in_fstring and (isinstance(func, ast.Attribute) and func.attr in self.methods or (
                 (found := dotted_parts(func)) is not None and self._wanted(found[0].id))):
             self.calls.append((node, self.scope))
+        for keyword in node.keywords:
+            if keyword.arg is not None and isinstance(keyword.value, ast.Call):
+                self.keyword_of[id(keyword.value)] = keyword.arg
         self.generic_visit(node)
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
@@ -302,4 +307,4 @@ def collect(tree: ast.Module, index: ModuleIndex, module: str, is_package: bool,
     collector = _Collector(index, module, is_package, roots, methods)
     collector.visit(tree)
     return FileScopes(collector.scope, collector.imports, collector.chains, collector.calls,
-                      collector.name_loads, {id(stmt): body for stmt, body in statements})
+                      collector.name_loads, collector.keyword_of, {id(stmt): body for stmt, body in statements})
