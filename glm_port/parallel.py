@@ -160,10 +160,27 @@ class ParallelEnv:
         if self.tp_size > 1:
             torch.checkpointing.model_parallel_cuda_manual_seed(seed)
 
+    @property
+    def _syncs_gradients_itself(self) -> bool:
+        # torch's DDP cannot bucket DTensor parameters, so with tensor parallel the data-parallel
+        # all-reduce is done here, once per step, on each rank's shards.
+        return self.dp_size > 1 and self.tp_size > 1
+
     def wrap_data_parallel(self, model):
-        if self.dp_size == 1:
+        if self.dp_size == 1 or self._syncs_gradients_itself:
             return model
         return dist.DistributedDataParallel(model, process_group=self.dp_group)
+
+    def sync_gradients(self, parameters) -> None:
+        """Average gradients over the data-parallel ranks when DDP does not (see above)."""
+        if not self._syncs_gradients_itself:
+            return
+        grads = [_local(p.grad) for p in parameters if p.grad is not None]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.dp_size
+        for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(synced)
 
     def clip_grad_norm(self, parameters, max_norm: float):
         """Clip by the norm of the whole model's gradient, shards counted once."""

@@ -125,8 +125,7 @@ def train(args, layout, config, model, optimizer, scheduler, precision, batches,
         step_start = time.perf_counter()
         microbatches = [_to_device(next(batches), layout.device) for _ in range(args.gradient_accumulation_steps)]
         loss = train_step(trained, microbatches, optimizer, scheduler, precision, clip_grad=args.clip_grad,
-                          clip_fn=layout.clip_grad_norm, dp_group=layout.dp_group, dp_size=layout.dp_size,
-                          parallel_group=layout.tp_group)
+                          env=layout)
         iteration += 1
         interval_loss += loss
         bar.update()

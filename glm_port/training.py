@@ -16,6 +16,7 @@ import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
 from glm_port.model import weight_decay_param_groups
+from glm_port.parallel import ParallelEnv
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 
@@ -117,8 +118,9 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               clip_fn=None, dp_group=None, dp_size: int = 1, parallel_group=None) -> float:
+               env: ParallelEnv | None = None) -> float:
     """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
+    env = env or ParallelEnv(precision.device)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for i, batch in enumerate(microbatches):
@@ -126,12 +128,13 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
-                loss, value = lm_loss(model, batch, dp_group, dp_size, parallel_group)
+                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group)
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
+    env.sync_gradients(model.parameters())
     if clip_grad > 0:
         precision.scaler.unscale_(optimizer)
-        (clip_fn or torch.nn.utils.clip_grad_norm_)(model.parameters(), clip_grad)
+        env.clip_grad_norm(model.parameters(), clip_grad)
     scale = precision.scaler.get_scale()
     precision.scaler.step(optimizer)
     precision.scaler.update()
