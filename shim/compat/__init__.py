@@ -78,6 +78,18 @@ def _put(owner, name: str, value) -> None:
         setattr(owner, name, value)
 
 
+def _qualified(owner, name: str) -> str:
+    if owner is sys.modules:
+        return f"sys.modules[{name!r}]"
+    prefix = owner.__name__ if isinstance(owner, type(sys)) else f"{owner.__module__}.{owner.__qualname__}"
+    return f"{prefix}.{name}"
+
+
+def planned_changes() -> list[str]:
+    """What install() would change on this machine, as qualified names (``torch.cuda.FloatTensor``...)."""
+    return [_qualified(owner, name) for owner, name, _ in _patches()]
+
+
 def install() -> None:
     """Make CUDA-era torch calls run on the active device (see module docstring). Idempotent."""
     global _saved
@@ -117,4 +129,4 @@ def installed():
             uninstall()
 
 
-__all__ = ["install", "uninstall", "is_installed", "installed", "six"]
+__all__ = ["install", "uninstall", "is_installed", "installed", "planned_changes", "six"]

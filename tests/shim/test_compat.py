@@ -62,6 +62,19 @@ def test_uninstall_restores_every_patched_attribute_exactly():
     )
 
 
+def test_planned_changes_dry_run(monkeypatch):
+    monkeypatch.delenv("SHIM_DEVICE", raising=False)
+    planned = shim.compat.planned_changes()
+    for name in ["torch._six", "torch.cuda.LongTensor", "torch.zeros", "torch.Tensor.to", "torch.load",
+                 "torch.distributed.init_process_group"]:  # fmt: skip
+        assert name in planned, name
+    assert not shim.compat.is_installed() and not hasattr(torch, "_six")
+    monkeypatch.setenv("SHIM_DEVICE", "cuda")  # on a CUDA device only torch._six is missing
+    assert shim.compat.planned_changes() == ["torch._six", "sys.modules['torch._six']"]
+    listed = subprocess.run([sys.executable, "-m", "shim.compat"], capture_output=True, text=True, timeout=120, check=True)
+    assert "active device: cuda" in listed.stdout and "torch._six" in listed.stdout
+
+
 def test_install_state_and_context_manager():
     assert not shim.compat.is_installed()
     with shim.compat.installed():
