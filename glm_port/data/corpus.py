@@ -1,7 +1,8 @@
 """Training corpora: text files read into documents, tokenized once (with progress) and cached.
 
-A corpus file is JSON lines (``.json`` / ``.jsonl``: one object per line, the document in ``text_key``,
-upstream's ``"text"``, after an optional ``"prompt"``) or plain text (documents separated by blank lines).
+A corpus file is JSON (``.json`` / ``.jsonl``: one object per line, or one array of objects; the document
+in ``text_key``, upstream's ``"text"``, after an optional ``"prompt"``) or plain text (documents separated
+by blank lines).
 Token ids are cached next to the file as ``<file>.<tokenizer fingerprint>-<keys>.glmcache.npz``, written
 atomically; a cache is used only while the tokenizer, the text/prompt keys and the file are unchanged (same
 size and mtime, or, if the mtime moved, the same content hash). When the data's directory is read-only the
@@ -62,30 +63,64 @@ def _documents_and_progress(path: Path, text_key: str, prompt_key: str) -> Itera
     """(document, bytes of the file read so far) pairs."""
     if not path.is_file():
         raise FileNotFoundError(f"training data not found: {path}")
+    if path.suffix in JSON_SUFFIXES:
+        yield from _json_documents(path, text_key, prompt_key)
+    else:
+        yield from _paragraphs(path)
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _paragraphs(path: Path) -> Iterator[tuple[str, int]]:
+    read = 0
+    for doc in _decode(path.read_bytes(), str(path)).split("\n\n"):
+        read += len(doc.encode("utf-8")) + 2
+        if doc.strip():
+            yield doc.strip(), read
+
+
+def _json_documents(path: Path, text_key: str, prompt_key: str) -> Iterator[tuple[str, int]]:
+    """JSON lines, or one JSON array of records (upstream's non-"loose" JSON)."""
     with path.open("rb") as f:
-        if path.suffix not in JSON_SUFFIXES:
-            read = 0
-            for doc in f.read().decode("utf-8").split("\n\n"):
-                read += len(doc.encode("utf-8")) + 2
-                if doc.strip():
-                    yield doc.strip(), read
+        if f.read(4096).lstrip().startswith(b"["):
+            f.seek(0)
+            try:
+                records = json.loads(_decode(f.read(), str(path)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not a JSON array of records ({e.msg}, line {e.lineno})") from None
+            size = path.stat().st_size
+            for i, record in enumerate(records):
+                text = _document(record, f"{path}[{i}]", text_key, prompt_key)
+                if text.strip():
+                    yield text, size * (i + 1) // len(records)
             return
+        f.seek(0)
         read = 0
         for line_no, raw in enumerate(f, 1):
             read += len(raw)
-            line = raw.decode("utf-8")
+            line = _decode(raw, f"{path}:{line_no}")
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{line_no}: not a JSON line ({e.msg})") from None
-            if not isinstance(record, dict) or text_key not in record:
-                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}:{line_no}: no {text_key!r} field (has: {keys}); choose text_key")
-            text = str(record.get(prompt_key) or "") + str(record[text_key])
+            text = _document(record, f"{path}:{line_no}", text_key, prompt_key)
             if text.strip():
                 yield text, read
+
+
+def _document(record, where: str, text_key: str, prompt_key: str) -> str:
+    """A record's optional prompt followed by its text."""
+    if not isinstance(record, dict) or text_key not in record:
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{where}: no {text_key!r} field (has: {keys}); choose text_key")
+    return str(record.get(prompt_key) or "") + str(record[text_key])
 
 
 def _file_sha256(path: Path) -> str:

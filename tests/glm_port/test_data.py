@@ -48,6 +48,9 @@ def test_json_lines_and_plain_text(tmp_path):
     txt = tmp_path / "c.txt"
     txt.write_text("first doc\nstill first\n\n\nsecond doc\n")
     assert list(read_documents(txt)) == ["first doc\nstill first", "second doc"]
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps([{"text": "one."}, {"prompt": "P", "text": "two."}], indent=1))
+    assert list(read_documents(array)) == ["one.", "Ptwo."]
 
 
 def test_corpus_errors_are_one_line(tmp_path):
@@ -64,6 +67,14 @@ def test_corpus_errors_are_one_line(tmp_path):
     broken.write_text('{"text": "ok"}\n{"text": \n')
     with pytest.raises(ValueError, match="broken.jsonl:2: not a JSON line"):
         load_corpus(broken, TOK)
+    array = tmp_path / "array.json"
+    array.write_text('[{"text": "ok"}, {"txt": "typo"}]')
+    with pytest.raises(ValueError, match=r"array.json\[1\]: no 'text' field \(has: txt\)"):
+        load_corpus(array, TOK)
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin.txt: not UTF-8 text"):
+        load_corpus(latin, TOK)
 
 
 def test_corpus_concatenates_files_in_order(tmp_path):
