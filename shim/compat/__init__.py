@@ -25,8 +25,6 @@ import sys
 import threading
 
 import torch
-import torch.distributed
-import torch.distributed.distributed_c10d
 import torch.nn.parallel
 
 from shim._device import active_device
@@ -52,12 +50,14 @@ def _patches() -> list[tuple[object, str, object]]:
         (torch.nn.Module, "cuda", devices.module_cuda),
         (torch, "load", devices.load_mapped(torch.load)),
     ]
-    c10d = torch.distributed.distributed_c10d
-    for owner in (torch.distributed, c10d):
-        patches.append((owner, "init_process_group", distributed.nccl_as_gloo(c10d.init_process_group, position=0)))
-        patches.append((owner, "new_group", distributed.nccl_as_gloo(c10d.new_group, position=2)))
-    ddp = torch.nn.parallel.DistributedDataParallel
-    patches.append((ddp, "__init__", distributed.ddp_init_without_gpu_ids(ddp.__init__)))
+    if torch.distributed.is_available():  # some builds (e.g. macOS wheels of old) lack it
+        from torch.distributed import distributed_c10d as c10d
+
+        for owner in (torch.distributed, c10d):
+            patches.append((owner, "init_process_group", distributed.nccl_as_gloo(c10d.init_process_group, position=0)))
+            patches.append((owner, "new_group", distributed.nccl_as_gloo(c10d.new_group, position=2)))
+        ddp = torch.nn.parallel.DistributedDataParallel
+        patches.append((ddp, "__init__", distributed.ddp_init_without_gpu_ids(ddp.__init__)))
     return patches
 
 
