@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 FLAGS = (
-    "--block-lm --bert-prob 1.0 --experiment-name migrated --model-parallel-size 1 --num-layers 2 "
+    "--block-lm --bert-prob 1.0 --experiment-name migrated --num-layers 2 "
     "--hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --batch-size 4 "
     "--lr 1e-3 --lr-decay-style cosine --warmup 0.05 --train-data test --no-lazy-loader --split 949,50,1 "
     "--num-workers 0 --tokenizer-type BertWordPieceTokenizer --tokenizer-model-type bert-base-uncased "
@@ -43,7 +43,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(900)
-def test_migrated_pretrain_glm_trains(upstream, tmp_path):
+@pytest.mark.parametrize("model_parallel", [1, 2], ids=["one-process", "tensor-parallel-2"])
+def test_migrated_pretrain_glm_trains(upstream, tmp_path, model_parallel):
+    """2 processes with --model-parallel-size 2 exercise the vocab-parallel cross-entropy rewrite."""
     ported = tmp_path / "GLM"
     assert main([str(upstream), "-o", str(ported), "-q"]) == 0
     cache = ported / ".pytorch_pretrained_bert" / VOCAB.name
@@ -52,10 +54,15 @@ def test_migrated_pretrain_glm_trains(upstream, tmp_path):
             pytest.skip(f"no BERT vocabulary at {VOCAB}")
         cache.parent.mkdir(exist_ok=True)
         shutil.copy(VOCAB, cache)
-    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, "pretrain_glm.py", *FLAGS, "--save", str(tmp_path / "ckpt")],
-                         cwd=ported, env=env, capture_output=True, text=True, timeout=800)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    flags = [*FLAGS, "--model-parallel-size", str(model_parallel), "--save", str(tmp_path / "ckpt")]
+    if model_parallel == 1:
+        env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        command = [sys.executable, "pretrain_glm.py", *flags]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(model_parallel),
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "pretrain_glm.py", *flags]
+    run = subprocess.run(command, cwd=ported, env=env, capture_output=True, text=True, timeout=800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"lm loss ([0-9.E+-]+)", run.stdout)]
     assert len(losses) == 4 and losses[-1] < losses[0], run.stdout[-3000:]
