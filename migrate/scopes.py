@@ -21,7 +21,7 @@ class ImportBinding:
     name: str
     source: str  # the fully-qualified name it is bound to, tree modules resolved
     stmt: ast.Import | ast.ImportFrom
-    alias: ast.alias
+    alias: ast.alias | None  # None: a name supplied by `from m import *`
     scope: "Scope"
 
 
