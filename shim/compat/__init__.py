@@ -46,6 +46,7 @@ def _patches() -> list[tuple[object, str, object]]:
     patches += [
         (torch.Tensor, "to", devices.to_mapped(torch.Tensor.to)),
         (torch.nn.Module, "to", devices.to_mapped(torch.nn.Module.to)),
+        (torch.nn.Module, "to_empty", devices.device_kwarg_mapped(torch.nn.Module.to_empty)),
         (torch.Tensor, "cuda", devices.tensor_cuda),
         (torch.nn.Module, "cuda", devices.module_cuda),
         (torch, "load", devices.load_mapped(torch.load)),

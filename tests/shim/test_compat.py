@@ -149,6 +149,7 @@ def test_to_with_cuda_devices(compat, device):
     assert x.to(device, non_blocking=True) is x
     module = torch.nn.Linear(2, 2).to(device)
     assert module.weight.device.type == "cpu"
+    assert torch.nn.Linear(2, 2, device="meta").to_empty(device=device).weight.device.type == "cpu"
 
 
 def test_other_devices_and_to_forms_untouched(compat):
