@@ -137,14 +137,16 @@ class GLMTransformer(nn.Module):
 
         keep_memory = self.config.max_memory_length > 0 or return_memory
         layer_inputs = [hidden.detach()] if keep_memory else []
-        chunk = self.config.checkpoint_num_layers if self._checkpointing() else 1
+        # Layers run in chunks of checkpoint_num_layers under checkpointing, one by one otherwise and
+        # whenever every layer's output is kept as memory.
+        chunk = self.config.checkpoint_num_layers if self._checkpointing() and not keep_memory else 1
         for start in range(0, len(self.layers), chunk):
             layers = self.layers[start:start + chunk]
             layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
             if self._checkpointing():
-                hidden = _checkpoint(_run_layers(layers, len(layer_mems)), hidden, visible, *layer_mems)
+                hidden = _checkpoint(_run_layers(layers), hidden, visible, *layer_mems)
             else:
-                hidden = _run_layers(layers, len(layer_mems))(hidden, visible, *layer_mems)
+                hidden = _run_layers(layers)(hidden, visible, *layer_mems)
             if keep_memory:
                 layer_inputs.append(hidden.detach())
         output = self.final_layernorm(hidden)
@@ -166,7 +168,7 @@ class GLMTransformer(nn.Module):
         return [torch.cat((m, h), dim=1)[:, -keep:] for m, h in zip(mems, hiddens)]
 
 
-def _run_layers(layers, num_mems):
+def _run_layers(layers):
     def run(hidden, visible, *layer_mems):
         for layer, mem in zip(layers, layer_mems):
             hidden = layer(hidden, visible, mem=mem)
@@ -195,7 +197,7 @@ class GLMModel(nn.Module):
         self.word_embeddings = tp.vocab_embedding(config.vocab_size, config.hidden_size, _normal_(config.init_method_std))
         self.transformer = GLMTransformer(config, tp)
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
-        self._register_load_state_dict_pre_hook(_strip_hf_prefix)
+        self.register_load_state_dict_pre_hook(_strip_hf_prefix)
 
     def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False):
         hidden = self.word_embeddings(input_ids)
@@ -208,7 +210,7 @@ class GLMModel(nn.Module):
 HF_PREFIX = "glm."
 
 
-def _strip_hf_prefix(state_dict, prefix, *args):
+def _strip_hf_prefix(module, state_dict, prefix, *args):
     for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
         state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
 

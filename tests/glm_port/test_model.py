@@ -173,10 +173,11 @@ def test_max_memory_length_keeps_the_last_positions():
     assert [m.shape[1] for m in mems] == [4] * (TINY.num_layers + 1)
 
 
-def test_checkpointed_activations_give_the_same_grads_with_dropout():
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_checkpointed_activations_give_the_same_grads_with_dropout(chunk):
     config = TINY.replace(embedding_dropout_prob=0.2, attention_dropout_prob=0.2, output_dropout_prob=0.2)
     plain = GLMModel(config)
-    checkpointed = GLMModel(config.replace(checkpoint_activations=True))
+    checkpointed = GLMModel(config.replace(checkpoint_activations=True, checkpoint_num_layers=chunk))
     checkpointed.load_state_dict(plain.state_dict())
     ids, positions = make_inputs()
     grads = []
