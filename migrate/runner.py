@@ -56,7 +56,7 @@ class Result:
     relpath: Path
     original: bytes
     migrated: bytes | None  # None: unchanged
-    report: FileReport
+    report: FileReport | None  # None: not a Python file, copied as it is
 
 
 # -- one file (runs in worker processes) ---------------------------------------
@@ -230,7 +230,11 @@ def run(options: Options) -> int:
     notes = {rule.code: rule.note for rule in load_rules(options.rules_dir)}
     texts = (to_json(summary, reports), to_markdown(summary, reports, notes))
     if options.diff:
-        sys.stdout.write(unified_diff(results))
+        try:
+            sys.stdout.write(unified_diff(results))
+            sys.stdout.flush()
+        except BrokenPipeError:  # `glm-migrate SRC --diff | head`: the reader is gone, stay quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     dry = options.diff or options.check
     report_at = report_paths(options.report) if options.report else None
     try:
