@@ -4,7 +4,8 @@
 the groups are the mesh's ``tp`` ("model parallel") and ``dp`` dims; the layers
 are :mod:`shim.nn.tensor_parallel`'s (DTensor weights); the region functions
 are DTensor redistributions; ``checkpoint`` and the RNG tracker are
-:mod:`shim.checkpointing`'s, which replays the tracker on recompute.
+:mod:`shim.checkpointing`'s, which replays the tracker on recompute; ``LayerNorm``
+is ``shim.nn.FusedLayerNorm`` (apex's, which upstream's ``mpu`` re-exports).
 """
 
 from shim.checkpointing import checkpoint, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
@@ -23,17 +24,20 @@ from shim.mpu.initialize import (
     initialize_model_parallel,
     model_parallel_is_initialized,
 )
-from shim.mpu.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from shim.mpu.layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear, VocabParallelEmbedding
 from shim.mpu.mappings import (
     copy_to_model_parallel_region,
     gather_from_model_parallel_region,
     reduce_from_model_parallel_region,
     scatter_to_model_parallel_region,
 )
+from shim.nn.normalization import FusedLayerNorm as LayerNorm  # upstream mpu re-exports apex's
 from shim.mpu.utils import VocabUtility, divide, ensure_divisibility, split_tensor_along_last_dim
 
 __all__ = [
     "ColumnParallelLinear",
+    "LayerNorm",
+    "ParallelEmbedding",
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "VocabUtility",

@@ -6,12 +6,22 @@ weight initialised then split, ``model_parallel = True`` on split parameters.
 
 from __future__ import annotations
 
-from torch.distributed.tensor import DTensor
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.nn import init
 
-from shim.nn.tensor_parallel import Linear1D, VocabParallelEmbedding as _VocabParallelEmbedding, strided_order
+from shim.distributed.layout import ensure_divisible, get_dist_util
+from shim.nn.tensor_parallel import (
+    Linear1D,
+    VocabParallelEmbedding as _VocabParallelEmbedding,
+    _keep_grad_layout,
+    _tensor_parallel_mesh,
+    strided_order,
+)
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]
+__all__ = ["ColumnParallelLinear", "ParallelEmbedding", "RowParallelLinear", "VocabParallelEmbedding"]
 
 
 def _whole(param, dim: int, stride: int, parts: int):
@@ -73,4 +83,22 @@ class VocabParallelEmbedding(_VocabParallelEmbedding):
 
     def __init__(self, num_embeddings, embedding_dim, init_method=init.xavier_normal_):
         super().__init__(num_embeddings, embedding_dim, init_method=init_method)
+        self.weight.model_parallel = True
+
+
+class ParallelEmbedding(nn.Embedding):
+    """Embedding split over the embedding dim; every rank gets the whole (gathered) output."""
+
+    def __init__(self, num_embeddings, embedding_dim, init_method=init.xavier_normal_, keep_master_weight_for_test=False):
+        tp_size = get_dist_util().tensor_parallel_size
+        ensure_divisible(embedding_dim, tp_size, "ParallelEmbedding embedding_dim", "tensor_parallel_size")
+        super().__init__(num_embeddings, embedding_dim)
+        with torch.no_grad():
+            init_method(self.weight)
+        self.master_weight = self.weight.detach().clone() if keep_master_weight_for_test else None
+        if tp_size > 1:
+            parallelize_module(
+                self, _tensor_parallel_mesh(0), ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            )
+            _keep_grad_layout(self.weight)
         self.weight.model_parallel = True

@@ -150,6 +150,22 @@ def check_vocab_parallel_embedding():
         torch.testing.assert_close(layer.weight.grad.to_local(), expected.chunk(2)[rank], **TOL)
 
 
+def check_parallel_embedding():
+    with model_parallel():
+        rank = mpu.get_model_parallel_rank()
+        torch.manual_seed(17)
+        layer = mpu.ParallelEmbedding(8, 6, keep_master_weight_for_test=True)
+        table = layer.master_weight
+        assert torch.equal(layer.weight.to_local(), table.chunk(2, dim=1)[rank])
+        ids = torch.tensor([[0, 3, 4, 7], [7, 7, 1, 5]])
+        y = layer(ids)
+        torch.testing.assert_close(y, table[ids])
+        dy = _same_on_every_rank(2, 4, 6, seed=18)
+        y.backward(dy)
+        expected = torch.zeros(8, 6).index_add_(0, ids.view(-1), dy.view(-1, 6))
+        torch.testing.assert_close(layer.weight.grad.to_local(), expected.chunk(2, dim=1)[rank], **TOL)
+
+
 def check_vocab_parallel_cross_entropy():
     with model_parallel():
         rank = mpu.get_model_parallel_rank()
@@ -216,6 +232,7 @@ def test_utils():
     assert [p.tolist() for p in parts] == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]]
     assert all(p.is_contiguous() for p in mpu.split_tensor_along_last_dim(torch.ones(2, 6), 2, True))
     assert mpu.VocabUtility.vocab_range_from_global_vocab_size(10, 1, 2) == (5, 10)
+    assert issubclass(mpu.LayerNorm, torch.nn.LayerNorm)
 
 
 def test_one_process_without_launcher(world_of_one):
