@@ -258,7 +258,7 @@ class _FileMigration:
                 if resolved is not None:
                     canonical = self.index.canonical(resolved[1])[0]
                     rule = self.rules.calls.get(canonical)
-                    if rule is not None:
+                    if rule is not None and not self._defines(canonical):
                         self._call(call, chain, rule)
                         continue
                     rule = self.rules.arguments.get(canonical)
@@ -275,6 +275,12 @@ class _FileMigration:
         found = dotted_parts(node)
         binding = found and scope.import_of(found[0].id)
         return bool(binding) and not self.index.is_tree_name(binding.source)
+
+    def _defines(self, name: str) -> bool:
+        """Whether this file is in the tree package that defines ``name``: ``mpu/`` and its own
+        tests keep calling ``mpu``'s implementation."""
+        package = name.split(".")[0]
+        return self.index.is_tree_name(name) and (self.module == package or self.module.startswith(package + "."))
 
     def _unmappable(self, call: ast.Call, rule: Rule) -> bool:
         """``f(*args, **kwargs)``: which parameter each argument is cannot be known, so it is reported."""
@@ -326,7 +332,7 @@ class _FileMigration:
             line = chain.node.lineno
             if self.index.is_tree_name(canonical):
                 call_rule = self.rules.calls.get(canonical)
-                if call_rule is not None:
+                if call_rule is not None and not self._defines(canonical):
                     self._leave(line, call_rule, f"used as a value, not called: not rewritten; {call_rule.note}")
                 continue
             if re_exported:

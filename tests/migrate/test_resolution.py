@@ -10,23 +10,30 @@ def _src(text: str) -> str:
 
 
 def test_relative_imports_inside_the_tree(migrate):
+    extra = {"model/__init__.py": "", "model/parallel.py": "from mpu.initialize import get_model_parallel_group\n"}
     source = _src("""
-        from .cross_entropy import vocab_parallel_cross_entropy
-        from .initialize import get_model_parallel_group
+        from .parallel import get_model_parallel_group as group
+        from ..mpu.cross_entropy import vocab_parallel_cross_entropy
 
 
         def loss(logits, labels):
             return vocab_parallel_cross_entropy(logits.float(), labels)
     """)
-    migrated, _ = migrate(source, "mpu/layers.py")
+    migrated, _ = migrate(source, "model/losses.py", extra=extra)
     assert migrated == _src("""
-        from .initialize import get_model_parallel_group
+        from .parallel import get_model_parallel_group as group
         import shim
 
 
         def loss(logits, labels):
-            return shim.nn.functional.sparse_softmax_cross_entropy(logits, labels, process_group=get_model_parallel_group())
+            return shim.nn.functional.sparse_softmax_cross_entropy(logits, labels, process_group=group())
     """)
+
+
+def test_the_defining_package_keeps_its_own_implementation(migrate):
+    source = "from mpu.cross_entropy import vocab_parallel_cross_entropy\nloss = vocab_parallel_cross_entropy(x, y)\n"
+    migrated, report = migrate(source, "mpu/tests/check_cross_entropy.py")
+    assert migrated == source and report.changes == report.unconverted == []
 
 
 def test_re_export_through_an_aliased_package(migrate):
