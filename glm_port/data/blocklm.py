@@ -216,7 +216,8 @@ class BlockMasker:
     def _generation_length(self, text_length, rng) -> int:
         """Upstream's ``randint(int(gpt_min_ratio * n), n - 2)``, kept at least 1."""
         high = max(text_length - 2, 1)
-        return int(rng.integers(min(int(self.gpt_min_ratio * text_length), high), high + 1))
+        low = min(max(int(self.gpt_min_ratio * text_length), 1), high)
+        return int(rng.integers(low, high + 1))
 
     def _suffix(self, text, rng):
         span = self._generation_length(len(text), rng)

@@ -313,3 +313,24 @@ def test_single_spans_and_short_sequences():
         used.append(int(sample["attention_mask"]) + int((sample["position_id"][1] > 0).sum()))
     used = np.array(used)
     assert abs(np.mean(used < 120) - 0.5) < 0.08 and used.min() >= 32
+
+
+@settings(max_examples=200, deadline=None)
+@given(seq_length=st.integers(4, 160), docs=st.integers(1, 4), fill=st.floats(0.05, 1.5),
+       bert=st.floats(0, 1), sentence=st.floats(0, 1), short=st.sampled_from([0.0, 0.5]),
+       single=st.sampled_from([0.0, 0.3]), ratio=st.floats(0.05, 0.6), seed=st.integers(0, 2**31))
+def test_any_window_and_knobs_give_a_consistent_sample(seq_length, docs, fill, bert, sentence, short, single,
+                                                       ratio, seed):
+    rng = np.random.default_rng(seed)
+    size = max(1, int(seq_length * fill))
+    words = np.append(WORDS, TOK.encode(". ?"))  # some tokens end sentences
+    tokens = np.concatenate([[CLS, *rng.choice(words, size // docs + 1), EOS] for _ in range(docs)])[:size]
+    masker = BlockMasker(TOK, seed=seed, seq_length=seq_length, bert_prob=bert, mask_ratio=ratio,
+                         gap_sentence_prob=(1 - bert) * sentence, short_seq_prob=short, single_span_prob=single,
+                         task_mask=True)
+    sample = masker(tokens, index=0)
+    assert sample["text"].shape == (seq_length,) and sample["position_id"].shape == (2, seq_length)
+    original, spans, masks = reconstruct(sample)
+    assert original.tolist() == tokens[: len(original)].tolist()
+    used = int(sample["attention_mask"]) + int((sample["position_id"][1] > 0).sum())
+    assert (sample["text"][used:] == TOK.pad_id).all() and sample["loss_mask"][used:].sum() == 0
