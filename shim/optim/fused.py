@@ -50,7 +50,21 @@ def _only_groups(optimizer: torch.optim.Optimizer, groups: list[dict]):
         optimizer.param_groups = every_group
 
 
-class FusedAdam(torch.optim.Adam):
+class _ApexOptimizer:
+    """What apex's optimizers add to torch's: ``set_grad_none`` as ``zero_grad``'s default, and
+    constructor options that survive ``copy.deepcopy`` / pickling (torch's ``__getstate__`` keeps
+    only defaults, state and param_groups)."""
+
+    _options: tuple[str, ...] = ("set_grad_none",)
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), **{name: getattr(self, name) for name in self._options}}
+
+
+class FusedAdam(_ApexOptimizer, torch.optim.Adam):
     """apex's ``FusedAdam``: AdamW math by default (``adam_w_mode=True``), ``weight_decay`` default 0."""
 
     def __init__(
@@ -84,8 +98,19 @@ class FusedAdam(torch.optim.Adam):
             group.setdefault("bias_correction", bias_correction)
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+    def __setstate__(self, state: dict) -> None:
+        """Also read apex's layout (upstream GLM checkpoints): one ``step`` per group, none per
+        parameter, and none of torch's group keys, whose torch defaults would turn AdamW into L2 Adam."""
+        defaults = state.get("defaults") or self.defaults
+        for group in state["param_groups"]:
+            for key in ("decoupled_weight_decay", "fused", "bias_correction"):
+                group.setdefault(key, defaults[key])
+            if "step" in group:
+                step = float(group.pop("step"))
+                for p in group["params"]:
+                    if state["state"].get(p):
+                        state["state"][p].setdefault("step", step)
+        super().__setstate__(state)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -142,13 +167,15 @@ class FusedAdam(torch.optim.Adam):
         torch._foreach_addcdiv_(params, exp_avgs, denom, -lr)
 
 
-class FusedSGD(torch.optim.SGD):
+class FusedSGD(_ApexOptimizer, torch.optim.SGD):
     """apex's ``FusedSGD`` on ``torch.optim.SGD``.
 
     ``wd_after_momentum=True`` adds ``weight_decay * w`` to the update after momentum, which equals
     shrinking the weights by ``1 - lr * weight_decay`` before a decay-free SGD step.
     ``materialize_master_grads`` concerns apex's fp16 master weights and changes nothing here.
     """
+
+    _options = ("set_grad_none", "materialize_master_grads")
 
     def __init__(
         self,
@@ -178,9 +205,6 @@ class FusedSGD(torch.optim.SGD):
         self.materialize_master_grads = materialize_master_grads
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -208,6 +232,8 @@ class DeepSpeedCPUAdam(FusedAdam):
     ``fp32_optimizer_states=True`` promises fp32 moments; torch keeps moments in the parameters'
     dtype, so the promise holds only for fp32 parameters and anything else is refused.
     """
+
+    _options = ("set_grad_none", "fp32_optimizer_states")
 
     def __init__(
         self,

@@ -213,6 +213,50 @@ def test_fused_adam_state_dict_round_trip():
     torch.optim.AdamW(_glm_groups(copy.deepcopy(first), 0.1)).load_state_dict(saved_opt)
 
 
+def _as_apex_checkpoint(state_dict: dict) -> dict:
+    """The layout apex's FusedAdam saves: a step count per group, only the moments per parameter."""
+    apex = copy.deepcopy(state_dict)
+    steps = {int(s.pop("step")) for s in apex["state"].values()}
+    for group in apex["param_groups"]:
+        kept = ("lr", "bias_correction", "betas", "eps", "weight_decay", "params")
+        for key in [k for k in group if k not in kept]:
+            del group[key]
+        group["step"] = steps.pop() if len(steps) == 1 else next(iter(steps))
+    return apex
+
+
+def test_loads_apex_checkpoint_layout():
+    start = _model()
+    first, resumed, straight = copy.deepcopy(start), copy.deepcopy(start), copy.deepcopy(start)
+    opt = FusedAdam(first.parameters(), lr=1e-2, weight_decay=0.5)
+    _train(first, opt, 10)
+    apex_state = _as_apex_checkpoint(opt.state_dict())
+    assert "step" not in apex_state["state"][0] and "decoupled_weight_decay" not in apex_state["param_groups"][0]
+
+    resumed.load_state_dict(first.state_dict())
+    opt2 = FusedAdam(resumed.parameters(), lr=1e-2, weight_decay=0.5)
+    opt2.load_state_dict(apex_state)
+    assert opt2.param_groups[0]["decoupled_weight_decay"] is True  # still AdamW, not torch's L2 default
+    _train(resumed, opt2, 10)
+
+    uninterrupted = FusedAdam(straight.parameters(), lr=1e-2, weight_decay=0.5)
+    _train(straight, uninterrupted, 10)
+    _train(straight, uninterrupted, 10)
+    _assert_same(resumed, straight, atol=0)
+    assert float(opt2.state[next(resumed.parameters())]["step"]) == 20
+
+
+def test_optimizer_deepcopy():
+    model = _model()
+    opt = FusedAdam(model.parameters(), bias_correction=False)
+    _train(model, opt, 2)
+    clone = copy.deepcopy(opt)
+    assert clone.param_groups[0]["bias_correction"] is False and clone.set_grad_none
+    sgd = copy.deepcopy(FusedSGD(model.parameters(), lr=0.1, set_grad_none=True, materialize_master_grads=False))
+    assert sgd.set_grad_none and not sgd.materialize_master_grads
+    assert copy.deepcopy(DeepSpeedCPUAdam(model.parameters())).fp32_optimizer_states
+
+
 def test_set_grad_none_drives_zero_grad():
     model = torch.nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
