@@ -65,7 +65,7 @@ class ModuleIndex:
 
     def is_tree_name(self, name: str) -> bool:
         """Whether ``name`` lives in the tree (a module or something inside one)."""
-        return self.is_tree_module(name.split(".")[0]) or self._tree_prefix(name) is not None
+        return self._tree_prefix(name) is not None
 
     def _tree_prefix(self, name: str) -> str | None:
         while name:
