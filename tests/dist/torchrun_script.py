@@ -1,0 +1,22 @@
+"""Run by test_torchrun.py under ``torchrun --nproc_per_node 2``: nothing initialised by hand.
+
+``setup_dist_util`` starts the process group from the launcher's environment
+(env://); a column- then row-parallel pair matches the whole computation.
+"""
+
+import torch
+
+import shim.distributed as dist
+from shim.nn import Linear1D
+
+layout = dist.setup_dist_util(tensor_parallel_size=2)
+assert dist.is_initialized() and dist.get_world_size() == 2 and layout.data_parallel_size == 1
+torch.manual_seed(0)
+reference_up, reference_down = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+torch.manual_seed(0)
+up, down = Linear1D(4, 8, parallel="col"), Linear1D(8, 4, parallel="row")
+x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+torch.testing.assert_close(down(up(x)), reference_down(reference_up(x)), rtol=1e-5, atol=1e-5)
+if dist.is_main_process():
+    print("torchrun ok")
+dist.destroy_process_group()
