@@ -113,8 +113,9 @@ def _run(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int) -> tuple
     return code, text
 
 
-def _mock_env(force: str) -> dict:
-    env = mock_env.apply(os.environ, mock_env.enable_changes(os.environ, force))
+def _mock_env(force: str, **extra: str) -> dict:
+    base = {**os.environ, **extra}
+    env = mock_env.apply(base, mock_env.enable_changes(base, force))
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -145,11 +146,12 @@ def check_pretrain(tree: Path, nproc: int, iters: int, force: str, timeout: int)
 
 
 def check_mpu_test(tree: Path, script: str, force: str, timeout: int) -> Outcome:
-    # The scripts import `commons` beside them and `mpu` from ../.. : run them from mpu/tests.
+    # From the repository root; the scripts find `commons` beside them, and `mpu` through the
+    # user's PYTHONPATH, which the mock keeps behind its own entry.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script]  # fmt: skip
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), f"mpu/tests/{script}"]  # fmt: skip
     log = tree.parent / f"mpu_{Path(script).stem}.log"
-    code, text = _run(cmd, tree / "mpu" / "tests", _mock_env(force), log, timeout)
+    code, text = _run(cmd, tree, _mock_env(force, PYTHONPATH=str(tree)), log, timeout)
     name = f"mpu/tests/{script}"
     if code == 0:
         return Outcome(name, True, "passed", log)

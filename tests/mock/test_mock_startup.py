@@ -48,3 +48,12 @@ def test_installed_apex_wins_unless_forced(tmp_path):
 def test_without_the_mock_nothing_is_redirected():
     proc = run([sys.executable, "-c", "import apex"], clean_env())
     assert "No module named 'apex'" in proc.stderr
+
+
+def test_torch_gets_compat_on_import_and_keeps_its_own_loader():
+    code = (
+        "import torch, shim.compat; "
+        "print(type(torch.__loader__).__name__, type(torch.__spec__.loader).__name__, shim.compat.is_installed())"
+    )
+    assert run([sys.executable, "-c", code], mocked_env()).stdout == "SourceFileLoader SourceFileLoader True\n"
+    assert run([sys.executable, "-c", code], clean_env()).stdout == "SourceFileLoader SourceFileLoader False\n"
