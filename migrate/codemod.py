@@ -112,6 +112,10 @@ class _Lines:
     def span(self, node: ast.AST) -> tuple[int, int]:
         return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
 
+    def column(self, node: ast.AST) -> int:
+        """Where ``node`` starts on its line, in characters."""
+        return self.offset(node.lineno, node.col_offset) - self.starts[node.lineno - 1]
+
     def line_start(self, lineno: int) -> int:
         return self.starts[min(lineno, len(self.starts)) - 1]
 
@@ -301,7 +305,8 @@ class _FileMigration:
         edits = ArgEdits.from_rule(rule.args, add)
         self._consume(chain.root.id, rule.code)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target)
-        self._edit(call, lambda text: rewrite_call(text, edits, func=func), [entry])
+        column = self.text.column(call)
+        self._edit(call, lambda text: rewrite_call(text, edits, func=func, column=column), [entry])
 
     def _argument(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         self.handled.add(id(call.func))
@@ -468,8 +473,7 @@ class _FileMigration:
         return False
 
     def _indent(self, stmt: ast.stmt) -> str:
-        line = self.text.lines[stmt.lineno - 1]
-        prefix = line[: self.text.offset(stmt.lineno, stmt.col_offset) - self.text.line_start(stmt.lineno)]
+        prefix = self.text.lines[stmt.lineno - 1][: self.text.column(stmt)]
         return prefix if not prefix.strip() else "; "
 
     def _report_statement(self, stmt: ast.stmt, codes: dict[str, None], after: str) -> list[dict]:

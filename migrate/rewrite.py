@@ -140,9 +140,13 @@ class ArgEdits:
 
 
 def rewrite_call(text: str, edits: ArgEdits, *, func: str | None = None, method: str | None = None,
-                 first: str | None = None) -> str:
+                 first: str | None = None, column: int = 0) -> str:
     """Rewrite the call ``text``: a new callee (``func``) or method name (``method``),
-    ``first`` inserted as the first positional argument, then ``edits`` applied."""
+    ``first`` inserted as the first positional argument, then ``edits`` applied.
+
+    ``column`` is where the call starts on its line: arguments aligned under the opening
+    parenthesis stay aligned when the callee's length changes.
+    """
     call = cst.parse_expression(text)
     if not isinstance(call, cst.Call):
         raise ValueError(f"not a call: {text!r}")
@@ -156,7 +160,24 @@ def rewrite_call(text: str, edits: ArgEdits, *, func: str | None = None, method:
         args.insert(0, cst.Arg(cst.parse_expression(first)))
     present = {a.keyword.value for a in args if a.keyword is not None}
     args += [_keyword(k, v) for k, v in edits.add.items() if k not in present]
-    return code(call.with_changes(func=callee, args=_arg_commas(args, call.args)))
+    args = _arg_commas(args, call.args)
+    old_column, new_column = (column + len(code(f)) + 1 for f in (call.func, callee))
+    if old_column != new_column:
+        args = [_realign(a, old_column, new_column) for a in args]
+    return code(call.with_changes(func=callee, args=args))
+
+
+def _realign(arg: cst.Arg, old_column: int, new_column: int) -> cst.Arg:
+    """Move the argument after ``arg``'s comma from ``old_column`` to ``new_column`` if it was aligned there."""
+    comma = arg.comma
+    if not (isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)):
+        return arg
+    space = comma.whitespace_after.last_line.value
+    if space != " " * old_column:
+        return arg
+    last_line = cst.SimpleWhitespace(" " * new_column)
+    return arg.with_changes(comma=comma.with_changes(
+        whitespace_after=comma.whitespace_after.with_changes(last_line=last_line)))
 
 
 def _edit_args(args: list[cst.Arg], edits: ArgEdits, shifted: bool) -> list[cst.Arg]:
