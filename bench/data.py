@@ -12,7 +12,7 @@ import time
 
 from glm_port.data import BlockMasker, build_train_batches, get_tokenizer, load_corpus, read_documents
 from glm_port.data.batches import Windows
-from glm_port.data.default_corpus import CORPUS_FILE
+from glm_port.data.corpus import DEFAULT_CORPUS
 
 MIXES = {
     "token spans (GLM-Large)": dict(bert_prob=1.0),
@@ -35,11 +35,11 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer = get_tokenizer(args.tokenizer_type, args.tokenizer_path)
-    documents = list(read_documents(CORPUS_FILE))
+    documents = list(read_documents(DEFAULT_CORPUS))
     start = time.perf_counter()
     tokenizer.encode_batch(documents)
     elapsed = time.perf_counter() - start
-    size = CORPUS_FILE.stat().st_size
+    size = DEFAULT_CORPUS.stat().st_size
     print(f"tokenize ({tokenizer.name}): {rate(len(documents), elapsed)} documents, {size / elapsed / 1e6:.1f} MB/s")
 
     corpus = load_corpus(None, tokenizer, progress=False)

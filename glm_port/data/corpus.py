@@ -23,10 +23,10 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from glm_port.data.default_corpus import CORPUS_FILE
 from glm_port.data.tokenization import GLMTokenizer
 
 JSON_SUFFIXES = (".json", ".jsonl")
+DEFAULT_CORPUS = Path(__file__).with_name("default_corpus.txt")  # written by default_corpus.py
 _ENCODE_CHUNK = 512  # documents per encode_batch call: large enough for tokenizers' threads, small for tqdm
 
 
@@ -137,7 +137,7 @@ def cache_files(path: Path, tokenizer: GLMTokenizer, text_key: str, prompt_key: 
     name = f"{path.name}.{tokenizer.fingerprint}-{_short_hash(text_key, prompt_key)}.glmcache.npz"
     user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm-migrate" / "corpus"
     in_user_cache = user / f"{_short_hash(str(path.resolve().parent))}-{name}"
-    if path.resolve() == CORPUS_FILE.resolve():  # never litter the installed package
+    if path.resolve() == DEFAULT_CORPUS.resolve():  # never litter the installed package
         return [in_user_cache]
     return [path.parent / name, in_user_cache]
 
@@ -215,7 +215,7 @@ def load_corpus(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMT
                 progress: bool = True) -> TokenizedCorpus:
     """All documents of ``paths`` (files in order), or of the embedded tiny corpus when ``paths`` is None."""
     if paths is None:
-        paths = [CORPUS_FILE]
+        paths = [DEFAULT_CORPUS]
     elif isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:

@@ -196,11 +196,11 @@ def tiny_wordpiece() -> GLMTokenizer:
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    from glm_port.data.default_corpus import CORPUS_FILE
+    from glm_port.data.corpus import DEFAULT_CORPUS  # here: corpus.py imports this module
 
     normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    text = normalizer.normalize_str(CORPUS_FILE.read_text(encoding="utf-8"))
+    text = normalizer.normalize_str(DEFAULT_CORPUS.read_text(encoding="utf-8"))
     words = sorted({word for word, _ in pre_tokenizer.pre_tokenize_str(text)})
     chars = string.ascii_lowercase + string.digits + string.punctuation
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]

@@ -12,7 +12,8 @@ import torch
 from glm_port.data import build_train_batches, get_tokenizer, load_corpus, read_documents, tokenize_file
 from glm_port.data import corpus as corpus_module
 from glm_port.data.batches import Windows
-from glm_port.data.default_corpus import CORPUS_FILE, generate
+from glm_port.data.corpus import DEFAULT_CORPUS
+from glm_port.data.default_corpus import generate
 
 TOK = get_tokenizer()
 
@@ -35,9 +36,9 @@ def take(iterator, n):
 
 
 def test_embedded_corpus_is_what_its_grammar_writes():
-    assert CORPUS_FILE.read_text(encoding="utf-8") == generate()
-    assert CORPUS_FILE.stat().st_size < 200_000
-    assert len(list(read_documents(CORPUS_FILE))) >= 300
+    assert DEFAULT_CORPUS.read_text(encoding="utf-8") == generate()
+    assert DEFAULT_CORPUS.stat().st_size < 200_000
+    assert len(list(read_documents(DEFAULT_CORPUS))) >= 300
 
 
 def test_json_lines_and_plain_text(tmp_path):
@@ -142,7 +143,7 @@ def test_read_only_data_dir_falls_back_to_user_cache(tmp_path, monkeypatch):
 
 def test_embedded_corpus_cache_stays_out_of_the_package(tmp_path):
     load_corpus(None, TOK)
-    assert not list(CORPUS_FILE.parent.glob("*.glmcache.npz"))
+    assert not list(DEFAULT_CORPUS.parent.glob("*.glmcache.npz"))
     assert list((tmp_path / "xdg" / "glm-migrate" / "corpus").glob("*-default_corpus.txt.*.glmcache.npz"))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from glm_port.data import DEFAULT_TOKENIZER, get_tokenizer
-from glm_port.data.default_corpus import CORPUS_FILE
+from glm_port.data.corpus import DEFAULT_CORPUS
 
 VOCAB = Path(__file__).resolve().parents[2] / ".." / "shared" / "vocab"
 needs_vocab = pytest.mark.skipif(not VOCAB.is_dir(), reason=f"real vocab files not found at {VOCAB}")
@@ -110,7 +110,7 @@ def test_default_tokenizer_layout():
 def test_default_tokenizer_is_deterministic_and_covers_its_corpus():
     a, b = get_tokenizer(), get_tokenizer(DEFAULT_TOKENIZER)
     assert a.fingerprint == b.fingerprint
-    text = CORPUS_FILE.read_text(encoding="utf-8")
+    text = DEFAULT_CORPUS.read_text(encoding="utf-8")
     ids = a.encode(text)
     assert a.unk_id not in ids
     words = text.split()
