@@ -95,13 +95,14 @@ def _migrate_star(args) -> Result:
 
 
 def _walk(src: Path) -> tuple[Path, list[Path], list[Path]]:
-    """(root, Python files, other files), paths relative to root; directory links count as files."""
+    """(root, Python files, other files), paths relative to root; directory links count as files.
+    ``__pycache__`` is left behind: its bytecode belongs to the sources before migration."""
     if src.is_file():
         return src.parent, [Path(src.name)], []
     python, other = [], []
     for directory, dirnames, filenames in os.walk(src):
         base = Path(directory).relative_to(src)
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in [d for d in dirnames if (Path(directory) / d).is_symlink()]:
             dirnames.remove(name)
             other.append(base / name)

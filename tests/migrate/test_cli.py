@@ -59,6 +59,13 @@ def test_tree_migrates_to_the_expected_tree(src, tmp_path):
     assert "process_group=mpu.get_model_parallel_group()" in change["after"]
 
 
+def test_bytecode_caches_are_left_behind(src, tmp_path):
+    (src / "mpu" / "__pycache__").mkdir()
+    (src / "mpu" / "__pycache__" / "grads.cpython-311.pyc").write_bytes(b"stale")
+    assert main([str(src), "-o", str(tmp_path / "out"), "-q"]) == 0
+    assert not (tmp_path / "out" / "mpu" / "__pycache__").exists()
+
+
 def test_parallel_run_matches_serial(src, tmp_path):
     assert main([str(src), "-o", str(tmp_path / "one"), "-q", "-j", "1"]) == 0
     assert main([str(src), "-o", str(tmp_path / "two"), "-q", "-j", "2"]) == 0
