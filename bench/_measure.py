@@ -56,6 +56,27 @@ def measure_step(step, repeats: int) -> dict:
     }
 
 
+def saved_for_backward_mib(forward) -> float:
+    """MiB of distinct storage that ``forward()`` keeps alive for its backward.
+
+    Inputs count too: a caller could free them if the op did not hold them. This is what
+    stays alive from the forward to the backward pass, once per layer in a model, so it
+    adds up where one op's transient peak does not.
+    """
+    import torch
+
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward()
+    return sum(saved.values()) / MIB
+
+
 def run_worker(script: str, variant: str, argv: list[str]) -> dict:
     """Run ``script --worker VARIANT argv...`` in a fresh interpreter; return its JSON result."""
     done = subprocess.run(
@@ -70,13 +91,14 @@ def print_table(rows: list[dict], reference: str) -> None:
     """One line per variant, with time and extra-peak ratios against ``reference``."""
     ref = next(r for r in rows if r["variant"] == reference)
     print(
-        f"{'variant':<10} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'extra peak MiB':>15} "
-        f"{'speedup':>8} {'peak ratio':>11}"
+        f"{'variant':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'extra peak MiB':>15} "
+        f"{'saved MiB':>10} {'speedup':>8} {'peak ratio':>11}"
     )
     for r in rows:
         speedup = ref["median_ms"] / r["median_ms"]
         peak_ratio = r["extra_peak_mib"] / ref["extra_peak_mib"] if ref["extra_peak_mib"] > 0 else float("nan")
         print(
-            f"{r['variant']:<10} {r['median_ms']:>10.1f} {r['min_ms']:>9.1f} {r['cpu_ms']:>9.1f} {r['extra_peak_mib']:>15.1f} "
+            f"{r['variant']:<18} {r['median_ms']:>10.1f} {r['min_ms']:>9.1f} {r['cpu_ms']:>9.1f} "
+            f"{r['extra_peak_mib']:>15.1f} {r['saved_mib']:>10.1f} "
             f"{speedup:>7.2f}x {peak_ratio:>11.2f}"
         )

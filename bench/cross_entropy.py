@@ -9,7 +9,8 @@ Variants (each in a fresh process, see _measure.py for how memory is measured):
 The loss is reduced as GLM does, sum(loss * loss_mask) / loss_mask.sum(). Half/bf16
 logits are widened with .float() first for mpu and torch, as upstream does; shim takes
 them as they are. "extra peak" is measured after the inputs exist, so it includes the
-logits' gradient, which every variant must produce.
+logits' gradient, which every variant must produce; "saved MiB" is what the forward keeps
+alive for backward, inputs included.
 
     python bench/cross_entropy.py                       # N=4096, V=50304, fp32
     python bench/cross_entropy.py --dtype bfloat16 --repeats 3
@@ -23,7 +24,7 @@ import math
 
 from tqdm import tqdm
 
-from _measure import measure_step, print_table, run_worker
+from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
 
 VARIANTS = ("mpu", "torch", "shim")
 
@@ -65,7 +66,8 @@ def worker(variant: str, args) -> dict:
         reduced.backward()
         return reduced.item()
 
-    return measure_step(step, args.repeats)
+    result = measure_step(step, args.repeats)
+    return {**result, "saved_mib": saved_for_backward_mib(lambda: loss_fn(logits, labels))}
 
 
 def main(argv=None) -> None:

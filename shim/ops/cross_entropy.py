@@ -158,9 +158,13 @@ class _RecomputeCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits_2d, labels_1d):
-        lse = _logsumexp_rows(logits_2d)
+        if logits_2d.is_cuda:
+            lse = _logsumexp_cuda(logits_2d)
+            loss = lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
+        else:
+            loss, lse = _loss_and_logsumexp_blocks(logits_2d, labels_1d)
         ctx.save_for_backward(logits_2d, labels_1d, lse)
-        return lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
+        return loss
 
     @staticmethod
     @once_differentiable
@@ -174,15 +178,22 @@ def _rows_per_block(vocab: int) -> int:
     return max(1, _BLOCK_ELEMENTS // vocab)
 
 
-def _logsumexp_rows(logits_2d):
-    if logits_2d.is_cuda:
-        return _logsumexp_cuda(logits_2d)
+def _loss_and_logsumexp_blocks(logits_2d, labels_1d):
+    """Per-row loss and logsumexp, widening one block of rows at a time.
+
+    A log-softmax kernel per block costs a third of ``torch.logsumexp`` (a composite of
+    five passes); the logsumexp then falls out of it at the label: ``x[y] - log_softmax(x)[y]``.
+    """
     work = _work_dtype(logits_2d.dtype)
-    lse = torch.empty(logits_2d.shape[0], dtype=work)
+    loss = torch.empty(logits_2d.shape[0], dtype=work)
+    lse = torch.empty_like(loss)
     step = _rows_per_block(logits_2d.shape[1])
     for start in range(0, logits_2d.shape[0], step):
-        torch.logsumexp(logits_2d[start : start + step].to(work), dim=1, out=lse[start : start + step])
-    return lse
+        rows = slice(start, start + step)
+        block, labels = logits_2d[rows].to(work), labels_1d[rows, None]
+        torch.neg(torch.log_softmax(block, dim=1).gather(1, labels).squeeze(1), out=loss[rows])
+        torch.add(block.gather(1, labels).squeeze(1), loss[rows], out=lse[rows])
+    return loss, lse
 
 
 def _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
@@ -193,7 +204,9 @@ def _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
     step = _rows_per_block(logits_2d.shape[1])
     for start in range(0, logits_2d.shape[0], step):
         rows = slice(start, start + step)
-        block = torch.sub(logits_2d[rows], lse[rows, None]).exp_().mul_(grad_loss_1d[rows, None])
+        # widen first: a mixed-dtype subtraction takes ATen's slow path
+        block = logits_2d[rows].to(lse.dtype, copy=True)
+        block.sub_(lse[rows, None]).exp_().mul_(grad_loss_1d[rows, None])
         block.scatter_add_(1, labels_1d[rows, None], grad_loss_1d[rows, None].neg())
         grad[rows].copy_(block)
     return grad
