@@ -9,7 +9,7 @@ CUDA that is ``shim.device()`` (normally the CPU), and each name here gives the 
 - the random generator *is* the CPU default generator: ``manual_seed``, ``get_rng_state``,
   ``default_generators[0]``... act on ``torch.default_generator``, which is what CPU dropout draws
   from, so Megatron's RNG tracker forks the stream that really drives the model;
-- streams, ``synchronize`` and device contexts are no-ops: CPU work runs in order;
+- streams, events, ``synchronize`` and device contexts are no-ops: CPU work runs in order;
 - ``_lazy_call`` runs its callable at once (there is no device to initialise later);
 - memory counters are 0 and their resets no-ops: there is no device allocator to count; process RSS
   would mix in the interpreter and libraries and is not what these counters mean.
@@ -21,6 +21,7 @@ Every name in ``__all__`` is served by ``shim.cuda`` and installed on ``torch.cu
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -133,21 +134,6 @@ default_generators = (torch.default_generator,)
 # ---- streams and events: in-order, nothing to wait for --------------------------------------------
 
 
-class Stream(torch.cpu.Stream):
-    """``torch.cuda.Stream(device=..., priority=...)`` on an in-order device."""
-
-    def __init__(self, device=None, priority: int = 0, **kwargs):
-        super().__init__(priority)
-        self.device = active_device()
-        self.priority = priority
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing queued."""
-
-
 class Event:
     """``torch.cuda.Event``: recorded work is always complete."""
 
@@ -167,9 +153,53 @@ class Event:
         """Nothing to wait for."""
 
 
-stream = torch.cpu.stream
-current_stream = torch.cpu.current_stream
-default_stream = torch.cpu.current_stream
+class Stream:
+    """``torch.cuda.Stream(device=..., priority=...)`` on an in-order device: nothing ever waits."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = active_device()
+        self.priority = priority
+
+    def wait_stream(self, stream) -> None:
+        """Work on ``stream`` is already done."""
+
+    def wait_event(self, event) -> None:
+        """``event`` is already complete."""
+
+    def record_event(self, event: Event | None = None) -> Event:
+        return event or Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        """Nothing queued."""
+
+
+_default_stream = Stream()
+_selected = threading.local()  # like CUDA's, the current stream is per thread
+
+
+def current_stream(device=None) -> Stream:
+    return getattr(_selected, "stream", _default_stream)
+
+
+def default_stream(device=None) -> Stream:
+    return _default_stream
+
+
+@contextlib.contextmanager
+def stream(selected: Stream | None):
+    """``with torch.cuda.stream(s):`` makes ``s`` current for the block (``None``: no change)."""
+    if selected is None:
+        yield
+        return
+    previous = current_stream()
+    _selected.stream = selected
+    try:
+        yield
+    finally:
+        _selected.stream = previous
 
 
 # ---- memory counters: no device allocator, nothing to count ---------------------------------------

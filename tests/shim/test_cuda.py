@@ -127,13 +127,22 @@ def test_lazy_call_runs_now(no_env_device):
 @needs_no_cuda
 def test_streams_and_sync_are_noops(no_env_device):
     stream = shim.cuda.Stream(device=shim.cuda.current_device())
+    default = shim.cuda.current_stream()
+    assert default is shim.cuda.default_stream()
     with shim.cuda.stream(stream):
         assert shim.cuda.current_stream() is stream
-        stream.wait_stream(shim.cuda.current_stream())
-    assert stream.query()
+        stream.wait_stream(default)
+        with shim.cuda.stream(None):
+            assert shim.cuda.current_stream() is stream
+    assert shim.cuda.current_stream() is default
+    for s in (stream, default):  # what DeepSpeed and Megatron call on streams
+        assert s.query()
+        s.synchronize()
+        s.wait_event(s.record_event())
     shim.cuda.synchronize()
     event = shim.cuda.Event(enable_timing=True)
     event.record()
+    event.wait()
     event.synchronize()
     assert event.query()
 
