@@ -66,8 +66,8 @@ def _after(change: dict) -> str:
     return f"`{_one_line(change['after'])}`"
 
 
-def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -> str:
-    """A human-readable report; ``notes`` maps rule codes to their notes."""
+def to_markdown(summary: dict, files: list[FileReport], rules: dict) -> str:
+    """A human-readable report; ``rules`` maps rule codes to their rules (for notes and safety)."""
     s = summary
     out = [
         "# Migration report",
@@ -75,14 +75,19 @@ def to_markdown(summary: dict, files: list[FileReport], notes: dict[str, str]) -
         f"{s['files_scanned']} Python files scanned, {s['files_changed']} changed; "
         f"{s['changes']} changes, {s['unconverted']} unconverted "
         f"(conversion rate {s['conversion_rate']:.1%}), {s['kept']} kept on purpose, "
-        f"{s['errors']} errors, {s['seconds']:.2f} s.",
+        f"{s['errors']} error{'' if s['errors'] == 1 else 's'}, {s['seconds']:.2f} s.",
         "",
     ]
     if s["changes_by_rule"] or s["unconverted_by_rule"]:
-        out += ["| rule | changes | unconverted | note |", "| --- | ---: | ---: | --- |"]
+        out += ["Rules marked *review* rewrite something a person should look at (see the note).", "",
+                "| rule | changes | unconverted | note |", "| --- | ---: | ---: | --- |"]
         for code in sorted(set(s["changes_by_rule"]) | set(s["unconverted_by_rule"])):
+            rule = rules.get(code)
+            note = _one_line(rule.note if rule else "", 120)
+            if rule is not None and rule.safety == "review":
+                note = f"*review*: {note}"
             out.append(f"| {code} | {s['changes_by_rule'].get(code, 0)} | "
-                       f"{s['unconverted_by_rule'].get(code, 0)} | {_one_line(notes.get(code, ''), 120)} |")
+                       f"{s['unconverted_by_rule'].get(code, 0)} | {note} |")
         out.append("")
     for f in files:
         if f.error:

@@ -228,8 +228,8 @@ def run(options: Options) -> int:
     """The whole command: migrate, then diff / check / write as asked. Returns the exit status."""
     root, results, summary = migrate_tree(options)
     reports = [r.report for r in results if r.report is not None]
-    notes = {rule.code: rule.note for rule in load_rules(options.rules_dir)}
-    texts = (to_json(summary, reports), to_markdown(summary, reports, notes))
+    rules = {rule.code: rule for rule in load_rules(options.rules_dir)}
+    texts = (to_json(summary, reports), to_markdown(summary, reports, rules))
     if options.diff:
         try:
             sys.stdout.write(unified_diff(results))
