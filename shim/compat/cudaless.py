@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch
 
@@ -135,13 +136,23 @@ default_generators = (torch.default_generator,)
 
 
 class Event:
-    """``torch.cuda.Event``: recorded work is always complete."""
+    """``torch.cuda.Event``: recorded work is always complete; with ``enable_timing`` the record
+    time is the wall clock, which on an in-order device is when the work before it finished."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
+        self._recorded_at: float | None = None
 
     def record(self, stream=None) -> None:
-        """Nothing to mark: work before this point is done."""
+        self._recorded_at = time.perf_counter()
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        """Milliseconds from this event to ``end_event``, as torch.cuda.Event reports them."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with enable_timing=True to measure elapsed time")
+        if self._recorded_at is None or end_event._recorded_at is None:
+            raise RuntimeError("Both events must be recorded before measuring elapsed time")
+        return (end_event._recorded_at - self._recorded_at) * 1e3
 
     def wait(self, stream=None) -> None:
         """Nothing to wait for."""

@@ -1,6 +1,7 @@
 """shim.device() and shim.cuda: GLM-era CUDA calls on a machine without CUDA."""
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -140,11 +141,15 @@ def test_streams_and_sync_are_noops(no_env_device):
         s.synchronize()
         s.wait_event(s.record_event())
     shim.cuda.synchronize()
-    event = shim.cuda.Event(enable_timing=True)
-    event.record()
-    event.wait()
-    event.synchronize()
-    assert event.query()
+    start, end = shim.cuda.Event(enable_timing=True), shim.cuda.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.01)
+    end.record()
+    end.wait()
+    end.synchronize()
+    assert end.query() and 5 < start.elapsed_time(end) < 5000
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        shim.cuda.Event().elapsed_time(end)
 
 
 @needs_no_cuda
