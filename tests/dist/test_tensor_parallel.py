@@ -188,6 +188,36 @@ def check_cross_entropy_through_functional_and_dtensor():
     torch.testing.assert_close(local.grad, expected_grad.chunk(2, dim=-1)[rank], **TOL)
 
 
+def check_tied_output_logits_stay_vocab_sharded():
+    """Embedding -> hidden -> logits with the same (vocab-split) table -> loss, no gather of the logits."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    with tensor_parallel():
+        torch.manual_seed(11)
+        reference = torch.nn.Embedding(12, 4)
+        torch.manual_seed(11)
+        embedding = shim.nn.VocabParallelEmbedding(12, 4)
+        ids = torch.tensor([[1, 5, 6, 11], [0, 0, 7, 3]])
+        labels = torch.tensor([[5, 6, 11, 0], [0, 7, 3, 9]])
+
+        hidden = torch.tanh(embedding(ids))
+        # the hidden states are whole on every rank; their gradient comes back summed
+        replicated = DTensor.from_local(hidden, embedding.weight.device_mesh, [Replicate()])
+        logits = torch.nn.functional.linear(replicated, embedding.weight)  # Shard(-1): this rank's vocab slice
+        assert logits.placements[0].is_shard(dim=2) and logits.to_local().shape == (2, 4, 6)
+        loss = F.sparse_softmax_cross_entropy(logits, labels)
+
+        ref_hidden = torch.tanh(reference(ids))
+        ref_loss = torch.nn.functional.cross_entropy(
+            torch.nn.functional.linear(ref_hidden, reference.weight).view(-1, 12), labels.view(-1), reduction="none"
+        ).view(2, 4)
+        torch.testing.assert_close(loss, ref_loss, **TOL)
+        loss.sum().backward()
+        ref_loss.sum().backward()
+        rank = dist.get_rank()
+        torch.testing.assert_close(embedding.weight.grad.to_local(), reference.weight.grad.chunk(2)[rank], **TOL)
+
+
 def check_cross_entropy_half_logits_do_fp32_math():
     rank = dist.get_rank()
     logits, labels, _, _, _ = _cross_entropy_case()
