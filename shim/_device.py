@@ -30,7 +30,10 @@ def active_device() -> torch.device:
         except RuntimeError:
             raise ValueError(f"{ENV_VAR}={override!r} is not a torch device string (e.g. 'cpu', 'cuda:0')") from None
     if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_rank = os.environ.get("LOCAL_RANK", "0")
+        if not local_rank.isdigit():
+            raise ValueError(f"LOCAL_RANK={local_rank!r} is not a non-negative integer")
+        local_rank = int(local_rank)
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
