@@ -26,6 +26,18 @@ def test_active_device_is_cpu_without_cuda(no_env_device, monkeypatch):
     assert shim.device() == torch.device("cpu")
 
 
+def test_active_device_is_local_rank_gpu_with_cuda(no_env_device, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert shim.device() == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert shim.device() == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "one")
+    with pytest.raises(ValueError, match="LOCAL_RANK='one'"):
+        shim.device()
+
+
 def test_env_overrides_active_device(monkeypatch):
     monkeypatch.setenv("SHIM_DEVICE", "cuda:3")
     assert shim.device() == torch.device("cuda", 3)
