@@ -4,6 +4,8 @@ gloo ranks give the values and gradients of one process (fp32, 1e-5)."""
 import contextlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
@@ -274,3 +276,26 @@ def test_placement_and_to_global_errors(world_of_one):
     other = shim.placement("cpu", [[0]])
     with pytest.raises(ValueError, match="cannot move a global tensor to another placement"):
         shim.to_global(x, placement=other, sbp=[sbp.broadcast, sbp.broadcast])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    vocab=st.integers(1, 40),
+    scale=st.floats(0.1, 30.0),
+    seed=st.integers(0, 2**16),
+)
+def test_one_rank_vocab_parallel_matches_torch(shape, vocab, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(*shape, vocab, generator=g) * scale).requires_grad_()
+    labels = torch.randint(0, vocab, shape, generator=g)
+    loss = vocab_parallel_sparse_softmax_cross_entropy(logits, labels, sdist.SingleProcessGroup())
+    reference_logits = logits.detach().clone().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(
+        reference_logits.view(-1, vocab), labels.view(-1), reduction="none"
+    ).view(shape)
+    torch.testing.assert_close(loss, expected, **TOL)
+    weights = torch.rand(shape, generator=g)
+    (loss * weights).sum().backward()
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(logits.grad, reference_logits.grad, **TOL)
