@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,17 +24,21 @@ from pathlib import Path
 DEFAULT_SRC = Path(__file__).resolve().parents[1].parent / "upstream"
 
 
-def time_command(src: Path, jobs: int | None, repeats: int) -> list[float]:
-    times = []
+def time_command(src: Path, jobs: int | None, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system, all processes) of each run."""
+    walls, cpus = [], []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             command = [sys.executable, "-m", "migrate.cli", str(src), "-o", f"{tmp}/out", "--quiet"]
             if jobs is not None:
                 command += ["-j", str(jobs)]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(command, check=True)
-            times.append(time.perf_counter() - start)
-    return times
+            walls.append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return walls, cpus
 
 
 def time_libcst(files: list[Path], with_names: bool) -> float:
@@ -60,15 +65,16 @@ def main() -> None:
     lines = sum(len(f.read_bytes().splitlines()) for f in files)
     load = os.getloadavg()[0]
     print(f"tree: {args.src} ({len(files)} Python files, {lines} lines); {os.cpu_count()} cores, load {load:.1f}")
-    print(f"{'variant':<34} {'best s':>8} {'median s':>9} {'lines/s':>9}")
+    # wall time depends on what else runs on the machine; CPU time much less so
+    print(f"{'variant':<38} {'best s':>7} {'median s':>9} {'lines/s':>8} {'cpu s':>6}")
     for label, jobs in (("glm-migrate -j 1", 1), ("glm-migrate (default -j)", None)):
-        times = time_command(args.src, jobs, args.repeats)
-        best = min(times)
-        print(f"{label:<34} {best:8.2f} {statistics.median(times):9.2f} {lines / best:9.0f}")
+        walls, cpus = time_command(args.src, jobs, args.repeats)
+        best = min(walls)
+        print(f"{label:<38} {best:7.2f} {statistics.median(walls):9.2f} {lines / best:8.0f} {min(cpus):6.2f}")
     if args.baseline:
         for label, names in (("libcst parse only", False), ("libcst parse + QualifiedNameProvider", True)):
             seconds = time_libcst(files, names)
-            print(f"{label:<34} {seconds:8.2f} {'':>9} {lines / seconds:9.0f}")
+            print(f"{label:<38} {seconds:7.2f} {'':>9} {lines / seconds:8.0f}")
 
 
 if __name__ == "__main__":
