@@ -4,10 +4,10 @@ gloo ranks give the values and gradients of one process (fp32, 1e-5)."""
 import contextlib
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shim
 import shim.distributed as sdist
