@@ -6,6 +6,7 @@ import pytest
 
 from migrate.mock import cli
 from migrate.mock.environ import SITE_DIR
+from migrate.mock.finder import find_installed
 
 from .conftest import clean_env, run
 
@@ -18,14 +19,21 @@ def test_default_command_is_enable(capsys, monkeypatch):
 
 
 def test_list_shows_backing_per_name_and_respects_installed_and_force(capsys):
+    installed = find_installed("deepspeed") is not None
     assert cli.main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert "deepspeed   real package wins:" in out  # installed here
+    if installed:
+        assert "deepspeed   real package wins:" in out
+        assert "  (real package used)" in next(line for line in out.splitlines() if "deepspeed.init_distributed" in line)
+    else:
+        assert "deepspeed   stand-in (DeepSpeed (pip install deepspeed) not installed)" in out
     row = next(line for line in out.splitlines() if " apex.optimizers.FusedAdam " in line)
     assert row.split()[:3] == ["APX001", "apex.optimizers.FusedAdam", "shim.optim.FusedAdam"]
     assert "not covered: apex.amp has no shim equivalent" in out
     assert cli.main(["list", "--force", "deepspeed"]) == 0
-    assert "deepspeed   stand-in, forced over the installed" in capsys.readouterr().out
+    forced = capsys.readouterr().out
+    assert ("deepspeed   stand-in, forced over the installed" if installed else "deepspeed   stand-in (") in forced
+    assert "(real package used)" not in forced
 
 
 def test_bad_force_is_one_line_error(capsys):
