@@ -18,6 +18,7 @@ generator on a GPU, the CPU generator otherwise.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import warnings
@@ -130,13 +131,13 @@ def model_parallel_cuda_manual_seed(seed: int) -> None:
     _TRACKER.add(MODEL_PARALLEL_RNG, seed + _MODEL_PARALLEL_SEED_OFFSET + _model_parallel_rank())
 
 
+@dataclasses.dataclass
 class _Config:
-    def __init__(self):
-        self.configured = False
-        self.mpu = None
-        self.num_checkpoints = None
-        self.synchronize = False
-        self.profile = False
+    configured: bool = False
+    mpu: object = None  # anything with get_model_parallel_rank(), e.g. an mpu module
+    num_checkpoints: int | None = None
+    synchronize: bool = False
+    profile: bool = False
 
 
 _config = _Config()
@@ -230,7 +231,10 @@ def checkpoint(function, *args):
         finally:
             _TRACKER.set_states(states_now)
 
-    profile = torch.profiler.record_function("shim.checkpointing.checkpoint") if _config.profile else contextlib.nullcontext()
+    if _config.profile:
+        profile = torch.profiler.record_function("shim.checkpointing.checkpoint")
+    else:
+        profile = contextlib.nullcontext()
     with profile:
         _synchronize()
         outputs = torch.utils.checkpoint.checkpoint(
