@@ -45,7 +45,7 @@ def test_bad_force_is_one_line_error(capsys):
 
 def test_run_passes_the_mock_and_the_exit_code_through():
     code = "import sys, apex; sys.exit(7 if type(apex).__name__ == 'StandIn' else 1)"
-    proc = run(["glm-mock", "run", "--", sys.executable, "-c", code], clean_env())
+    proc = run([sys.executable, "-m", "migrate.mock.cli", "run", "--", sys.executable, "-c", code], clean_env())
     assert proc.returncode == 7, proc.stderr
 
 

@@ -1,7 +1,9 @@
 """enable / disable: PYTHONPATH gets the hook first, and comes back exactly as it was."""
 
+import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -9,6 +11,7 @@ from migrate.mock import environ as mock_env
 from migrate.mock.environ import ENV_ACTIVE, ENV_SAVED, SITE_DIR
 
 UNSET = None
+GLM_MOCK = f"{shlex.quote(sys.executable)} -m migrate.mock.cli"
 
 
 @pytest.mark.parametrize("before", [UNSET, "", "/a:/b"])
@@ -47,10 +50,10 @@ def test_eval_in_a_real_shell_round_trips_the_environment(setup):
     script = f"""
         {setup}; unset {ENV_ACTIVE} {ENV_SAVED} GLM_MOCK_FORCE
         before="$(env | sort)"
-        eval "$(glm-mock)"
+        eval "$({GLM_MOCK})"
         case "$PYTHONPATH" in {SITE_DIR}*) ;; *) echo "not first: $PYTHONPATH"; exit 3;; esac
-        python -c 'import sys; assert any(type(f).__name__ == "MockFinder" for f in sys.meta_path)' || exit 4
-        eval "$(glm-mock disable)"
+        {shlex.quote(sys.executable)} -c 'import sys; assert any(type(f).__name__ == "MockFinder" for f in sys.meta_path)' || exit 4
+        eval "$({GLM_MOCK} disable)"
         after="$(env | sort)"
         [ "$before" = "$after" ] || {{ diff <(echo "$before") <(echo "$after"); exit 5; }}
         [ "${{PYTHONPATH+set}}" = "$(printf %s "{'' if setup.startswith('unset') else 'set'}")" ] || exit 6
