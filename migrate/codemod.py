@@ -75,9 +75,10 @@ def splice(source: str, edits: list[_Edit]) -> str:
     for edit in sorted(edits, key=lambda e: (e.start, e.start != e.end, -e.end)):
         while stack and not stack[-1].contains(edit):
             stack.pop()
-        if stack and edit.start < stack[-1].end and not stack[-1].contains(edit):
-            continue  # overlaps without nesting: cannot happen for nodes of one tree
-        (stack[-1].children if stack else roots).append(edit)
+        siblings = stack[-1].children if stack else roots
+        if siblings and edit.start < siblings[-1].end:  # overlapping without nesting: a planning bug
+            raise RewriteError(f"overlapping rewrites at offset {edit.start}")
+        siblings.append(edit)
         stack.append(edit)
 
     def render(start: int, end: int, children: list[_Edit]) -> str:
