@@ -1,5 +1,8 @@
 """Throughput of glm_port's data pipeline: blank infilling (samples/s), whole batches, and tokenization.
 
+Each line gives wall-clock rates and the CPU time this process used, which is the steadier number on a
+shared machine.
+
     python bench/data.py                                  # embedded corpus, default tokenizer
     python bench/data.py --seq-length 512 --tokenizer-type GPT2BPETokenizer --tokenizer-path ../shared/vocab
 """
@@ -24,6 +27,17 @@ def rate(count: int, seconds: float) -> str:
     return f"{count / seconds:9.0f}/s"
 
 
+class Timer:
+    """Wall and CPU seconds of a block."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-length", type=int, default=128)
@@ -36,34 +50,32 @@ def main() -> None:
 
     tokenizer = get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     documents = list(read_documents(DEFAULT_CORPUS))
-    start = time.perf_counter()
-    tokenizer.encode_batch(documents)
-    elapsed = time.perf_counter() - start
+    with Timer() as t:
+        tokenizer.encode_batch(documents)
     size = DEFAULT_CORPUS.stat().st_size
-    print(f"tokenize ({tokenizer.name}): {rate(len(documents), elapsed)} documents, {size / elapsed / 1e6:.1f} MB/s")
+    print(f"tokenize ({tokenizer.name}): {rate(len(documents), t.wall)} documents, {size / t.wall / 1e6:.1f} MB/s "
+          f"(CPU {size / t.cpu / 1e6:.1f} MB/s)")
 
     corpus = load_corpus(None, tokenizer, progress=False)
     windows = Windows(corpus, args.seq_length, seed=0, cls_id=tokenizer.cls_id, eos_id=tokenizer.eos_id)
     inputs = [windows[i] for i in range(args.samples)]
     for name, knobs in MIXES.items():
         masker = BlockMasker(tokenizer, seed=0, seq_length=args.seq_length, **knobs)
-        start = time.perf_counter()
-        for i, window in enumerate(inputs):
-            masker(window, index=i)
-        elapsed = time.perf_counter() - start
-        print(f"mask {name:28s} seq {args.seq_length}: {rate(args.samples, elapsed)} samples "
-              f"({1e6 * elapsed / args.samples:.0f} us each)")
+        with Timer() as t:
+            for i, window in enumerate(inputs):
+                masker(window, index=i)
+        print(f"mask {name:28s} seq {args.seq_length}: {rate(args.samples, t.wall)} samples "
+              f"(CPU {1e6 * t.cpu / args.samples:.0f} us each)")
 
     batches = build_train_batches(None, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=0,
                                   masker_kwargs=MIXES["mixed 0.5/0.3/0.2 (GLM-10B)"], num_workers=args.workers)
     next(batches)  # start-up (workers, first epoch) is not throughput
     count = max(1, args.samples // args.batch_size)
-    start = time.perf_counter()
-    for _ in itertools.islice(batches, count):
-        pass
-    elapsed = time.perf_counter() - start
-    print(f"batches of {args.batch_size} x {args.seq_length}, {args.workers} workers: {rate(count, elapsed)} batches, "
-          f"{rate(count * args.batch_size, elapsed)} samples")
+    with Timer() as t:
+        for _ in itertools.islice(batches, count):
+            pass
+    print(f"batches of {args.batch_size} x {args.seq_length}, {args.workers} workers: {rate(count, t.wall)} batches, "
+          f"{rate(count * args.batch_size, t.wall)} samples (CPU here {1e3 * t.cpu / count:.1f} ms a batch)")
 
 
 if __name__ == "__main__":
