@@ -448,13 +448,13 @@ class _FileMigration:
                 return False
             codes[rule.code] = None
             groups[new] = []
-        for alias, binding in zip(stmt.names, bindings):
+        for position, (alias, binding) in enumerate(zip(stmt.names, bindings)):
             new = self.new_source[binding]
             module, _, name = new.rpartition(".")
             if new == binding.source:
                 module, name = None, alias.name
             if self._unused(binding):
-                groups.setdefault(module, []).append(NewAlias(name, None, removed=True))
+                groups.setdefault(module, []).append(NewAlias(name, None, removed=True, position=position))
                 codes.setdefault(self.consumed_by[binding.name], None)
                 continue
             if module is None:
@@ -462,7 +462,7 @@ class _FileMigration:
             else:
                 codes.setdefault(self.rules.best(binding.source).code, None)
             asname = alias.asname or (alias.name if name != alias.name else None)
-            groups.setdefault(module, []).append(NewAlias(name, asname))
+            groups.setdefault(module, []).append(NewAlias(name, asname, position=position))
         if not codes:
             return False
         if all(a.removed for aliases in groups.values() for a in aliases) and bindings:

@@ -46,6 +46,7 @@ class NewAlias:
     name: str
     asname: str | None
     removed: bool = False
+    position: int = 0  # the alias's place in the original statement
 
 
 def rewrite_import(text: str, aliases: list[NewAlias], extra: list[str] = ()) -> str:
@@ -62,12 +63,12 @@ def rewrite_import(text: str, aliases: list[NewAlias], extra: list[str] = ()) ->
     return code(node.with_changes(names=_fix_commas(names)))
 
 
-def rewrite_import_from(text: str, groups: list[tuple[str, list[NewAlias]]], joiner: str) -> str:
+def rewrite_import_from(text: str, groups: list[tuple[str | None, list[NewAlias]]], joiner: str) -> str:
     """``from m import a, b`` split into one statement per new module.
 
     ``groups`` is ``[(module, aliases)]`` in order, module None for the original one; the first
-    reuses the original statement (its parentheses and comments), the others are new statements
-    joined by ``joiner``.
+    reuses the original statement and its aliases (parentheses, commas, comments), the others
+    are new statements joined by ``joiner``.
     """
     node = _small_statement(text)
     assert isinstance(node, cst.ImportFrom)
@@ -82,29 +83,35 @@ def rewrite_import_from(text: str, groups: list[tuple[str, list[NewAlias]]], joi
         for new in aliases:
             if new.removed:
                 continue
-            names.append(cst.ImportAlias(name=cst.Name(new.name), asname=_as_name(new.asname) if new.asname else None))
+            asname = _as_name(new.asname) if new.asname else None
+            if i == 0:
+                old = node.names[new.position]
+                if old.asname is not None and new.asname == old.evaluated_alias:
+                    asname = old.asname
+                names.append(old.with_changes(name=cst.Name(new.name), asname=asname))
+            else:
+                names.append(cst.ImportAlias(name=cst.Name(new.name), asname=asname))
         if i == 0:
-            names = _keep_formatting(list(node.names), aliases, names)
-            statements.append(node.with_changes(names=names, **where))
+            statements.append(node.with_changes(names=_fix_commas(names, node.names[-1]), **where))
         else:
             statements.append(node.with_changes(names=_fix_commas(names), lpar=None, rpar=None, **where))
     return joiner.join(code(s) for s in statements)
 
 
-def _keep_formatting(old: list[cst.ImportAlias], aliases: list[NewAlias], new: list[cst.ImportAlias]):
-    """Reuse the original aliases' commas and whitespace where the first statement keeps them."""
-    if len(old) == len(aliases) and not any(a.removed for a in aliases):
-        return [o.with_changes(name=n.name, asname=o.asname if o.asname and n.asname else n.asname)
-                for o, n in zip(old, new)]
-    return _fix_commas(new)
-
-
-def _fix_commas(names: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
+def _fix_commas(names: list[cst.ImportAlias], original_last: cst.ImportAlias | None = None) -> list[cst.ImportAlias]:
+    """Commas between aliases; a trailing comma only in the one-per-line style, where the closing
+    parenthesis keeps the original last alias's indentation."""
     fixed = []
     for i, name in enumerate(names):
         last = i == len(names) - 1
         if last and isinstance(name.comma, cst.Comma) and not _has_newline(name.comma):
             name = name.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        elif last and isinstance(name.comma, cst.Comma) and original_last is not None \
+                and name is not original_last and isinstance(original_last.comma, cst.Comma) \
+                and _has_newline(original_last.comma):
+            closing = original_last.comma.whitespace_after.last_line
+            name = name.with_changes(comma=name.comma.with_changes(
+                whitespace_after=name.comma.whitespace_after.with_changes(last_line=closing)))
         elif not last and not isinstance(name.comma, cst.Comma):
             name = name.with_changes(comma=cst.Comma(whitespace_after=_SPACE))
         fixed.append(name)

@@ -167,3 +167,10 @@ def test_star_arguments_cannot_be_mapped_and_are_reported(migrate):
 def test_unbound_library_method_is_not_a_method_call(migrate):
     migrated, _ = migrate("import torch\ntorch.nn.Module.cuda(self, device)\n")
     assert migrated == "import shim as torch\ntorch.nn.Module.cuda(self, device)\n"
+
+
+def test_split_keeps_comments_and_one_per_line_style(migrate):
+    source = "from apex.optimizers import (\n    FusedAdam,  # fast\n    FusedLAMB,\n)\n"
+    migrated, _ = migrate(source)
+    assert migrated == ("from shim.optim import (\n    FusedAdam,  # fast\n)\n"
+                        "from apex.optimizers import FusedLAMB\n")
