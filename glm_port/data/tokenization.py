@@ -317,14 +317,18 @@ _LOADERS = {
 }
 
 
-def get_tokenizer(tokenizer_type: str | None = None, path: str | Path | None = None) -> GLMTokenizer:
+def get_tokenizer(tokenizer_type: str | None = None, path: str | Path | None = None, *,
+                  lowercase: bool | None = None) -> GLMTokenizer:
     """A GLMTokenizer by upstream's ``--tokenizer-type`` name, read from ``path`` (a vocabulary file or a
     directory holding one).
 
     Types: ``BertWordPieceTokenizer`` (vocab.txt), ``GPT2BPETokenizer`` (vocab.json + merges.txt; RoBERTa's
     layout when the file is named ``roberta-*``, as upstream), ``RobertaBPETokenizer``, ``ChineseSPTokenizer``
     (a sentencepiece ``.model``), and the default ``TinyWordPieceTokenizer`` (built in, no path).
+    ``lowercase`` (WordPiece only) overrides upstream's rule: lowercase unless the vocabulary is "-cased".
     """
+    if lowercase is not None and tokenizer_type != "BertWordPieceTokenizer":
+        raise ValueError(f"lowercase applies to BertWordPieceTokenizer only, not {tokenizer_type or DEFAULT_TOKENIZER}")
     if tokenizer_type in (None, DEFAULT_TOKENIZER):
         if path is not None:
             raise ValueError(f"{DEFAULT_TOKENIZER} is built in and takes no path (got {path})")
@@ -334,4 +338,6 @@ def get_tokenizer(tokenizer_type: str | None = None, path: str | Path | None = N
                          f"choose from {', '.join([DEFAULT_TOKENIZER, *_LOADERS])}")
     if path is None:
         raise ValueError(f"{tokenizer_type} needs a path: its vocabulary file or a directory holding it")
+    if tokenizer_type == "BertWordPieceTokenizer":
+        return bert_wordpiece(Path(path).expanduser(), lowercase=lowercase)
     return _LOADERS[tokenizer_type](Path(path).expanduser())

@@ -84,6 +84,20 @@ def test_command_tokens_in_text_encode_to_their_ids():
 
 
 @needs_vocab
+def test_bert_case_follows_the_file_name_or_the_caller(tmp_path):
+    uncased = get_tokenizer("BertWordPieceTokenizer", VOCAB)
+    assert uncased.decode(uncased.encode("Hello World")) == "hello world"
+    cased_name = tmp_path / "bert-base-cased-vocab.txt"
+    cased_name.write_bytes((VOCAB / "bert-base-uncased-vocab.txt").read_bytes())
+    # an uncased vocabulary read as cased: capitalised words are no longer whole tokens
+    assert get_tokenizer("BertWordPieceTokenizer", cased_name).encode("Hello") != uncased.encode("hello")
+    forced = get_tokenizer("BertWordPieceTokenizer", cased_name, lowercase=True)
+    assert forced.encode("Hello") == uncased.encode("hello")
+    with pytest.raises(ValueError, match="lowercase applies to BertWordPieceTokenizer only"):
+        get_tokenizer("GPT2BPETokenizer", VOCAB, lowercase=True)
+
+
+@needs_vocab
 def test_gpt2_type_takes_roberta_layout_from_a_roberta_file():
     # upstream: GPT2BPETokenizer with a model type starting with "roberta"
     tok = get_tokenizer("GPT2BPETokenizer", VOCAB / "roberta-vocab.json")
