@@ -1,8 +1,4 @@
-"""``python -m glm_port.data``: tokenize corpora into their caches and show what training will see.
-
-Run it once before a multi-process launch so that the ranks find the cache instead of all tokenizing, or
-to check a corpus and the masker's knobs by eye.
-"""
+"""``python -m glm_port.data``: tokenize corpora into their caches and show what training will see."""
 
 from __future__ import annotations
 
@@ -18,20 +14,22 @@ from glm_port.data.tokenization import DEFAULT_TOKENIZER
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m glm_port.data", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m glm_port.data",
+        description="Tokenize corpora into their caches and show decoded blank-infilling samples. Run it once "
+                    "before a multi-process launch so that the ranks find the cache instead of all tokenizing, "
+                    "or to check a corpus and the masker's knobs by eye.")
     parser.add_argument("--train-data", nargs="+", default=None, metavar="PATH",
                         help="JSON lines (.json/.jsonl) or text files; default: the embedded tiny corpus")
     parser.add_argument("--text-key", default="text", help="JSON field holding a document (default: text)")
     parser.add_argument("--tokenizer-type", default=None, help=f"upstream's name; default: {DEFAULT_TOKENIZER}")
     parser.add_argument("--tokenizer-path", default=None, help="vocabulary file or a directory holding it")
-    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--seq-length", type=int, default=128, help="tokens per sample (default 128)")
     parser.add_argument("--show", type=int, default=2, metavar="N", help="decode N masked samples (default 2)")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--bert-prob", type=float, default=0.5)
-    parser.add_argument("--gap-sentence-prob", type=float, default=0.0)
-    parser.add_argument("--gpt-min-ratio", type=float, default=0.5)
-    parser.add_argument("--avg-block-length", type=float, default=3)
+    parser.add_argument("--seed", type=int, default=1234, help="data seed, as glm-pretrain's --seed")
+    parser.add_argument("--bert-prob", type=float, default=0.5, help="share of samples with token spans")
+    parser.add_argument("--gap-sentence-prob", type=float, default=0.0, help="share with sentence spans")
+    parser.add_argument("--gpt-min-ratio", type=float, default=0.5, help="shortest generation span, of the text")
+    parser.add_argument("--avg-block-length", type=float, default=3, help="Poisson mean of token-span lengths")
     parser.add_argument("--task-mask", action="store_true", help="[gMASK]/[sMASK] instead of [MASK]")
     return parser.parse_args(argv)
 
