@@ -158,13 +158,9 @@ class _RecomputeCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits_2d, labels_1d):
-        if logits_2d.is_cuda:
-            lse = _logsumexp_cuda(logits_2d)
-            loss = lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
-        else:
-            loss, lse = _loss_and_logsumexp_blocks(logits_2d, labels_1d)
+        lse = _logsumexp_rows(logits_2d, at=labels_1d)
         ctx.save_for_backward(logits_2d, labels_1d, lse)
-        return loss
+        return lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
 
     @staticmethod
     @once_differentiable
@@ -178,22 +174,29 @@ def _rows_per_block(vocab: int) -> int:
     return max(1, _BLOCK_ELEMENTS // vocab)
 
 
-def _loss_and_logsumexp_blocks(logits_2d, labels_1d):
-    """Per-row loss and logsumexp, widening one block of rows at a time.
+# _logsumexp_rows and _softmax_minus_onehot_scaled are also the local steps of
+# shim.ops.vocab_parallel_cross_entropy.
+def _logsumexp_rows(logits_2d, at=None):
+    """Per-row logsumexp, in fp32 or wider; on CPU one block of rows widened at a time.
 
-    A log-softmax kernel per block costs a third of ``torch.logsumexp`` (a composite of
-    five passes); the logsumexp then falls out of it at the label: ``x[y] - log_softmax(x)[y]``.
+    On CPU it is ``x[j] - log_softmax(x)[j]`` for a column ``j`` per row: one log-softmax
+    kernel per block costs a third of ``torch.logsumexp`` (an ATen composite of five
+    passes). ``j`` is ``at`` (the labels: the loss needs ``log_softmax(x)[label]`` anyway,
+    and the rounding is that of the loss) or else the row's argmax, where the log-softmax
+    is near 0 and nothing cancels.
     """
+    if logits_2d.is_cuda:
+        return _logsumexp_cuda(logits_2d)
     work = _work_dtype(logits_2d.dtype)
-    loss = torch.empty(logits_2d.shape[0], dtype=work)
-    lse = torch.empty_like(loss)
+    lse = torch.empty(logits_2d.shape[0], dtype=work)
     step = _rows_per_block(logits_2d.shape[1])
     for start in range(0, logits_2d.shape[0], step):
         rows = slice(start, start + step)
-        block, labels = logits_2d[rows].to(work), labels_1d[rows, None]
-        torch.neg(torch.log_softmax(block, dim=1).gather(1, labels).squeeze(1), out=loss[rows])
-        torch.add(block.gather(1, labels).squeeze(1), loss[rows], out=lse[rows])
-    return loss, lse
+        block = logits_2d[rows].to(work)
+        column = block.argmax(dim=1, keepdim=True) if at is None else at[rows, None]
+        log_probs = torch.log_softmax(block, dim=1)
+        torch.sub(block.gather(1, column).squeeze(1), log_probs.gather(1, column).squeeze(1), out=lse[rows])
+    return lse
 
 
 def _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):

@@ -202,3 +202,14 @@ def test_vocab_sharded_dtensor_delegates_with_its_mesh_group(mesh_of_one, vocab_
 
     with pytest.raises(ValueError, match="must be sharded on the vocab"):
         F.sparse_softmax_cross_entropy(distribute_tensor(logits, mesh_of_one, [Replicate()]), labels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_logsumexp_kernel_on_extreme_rows(dtype, monkeypatch):
+    # the local step the vocab-parallel op builds on; rows far apart in scale, blocks of 2 rows
+    monkeypatch.setattr(cross_entropy, "_BLOCK_ELEMENTS", 2 * 50)
+    logits = torch.randn(5, 50, dtype=torch.float64) * torch.tensor([1.0, 30.0, 1e3, 1e-3, 80.0])[:, None]
+    logits[2, 7] = 5e3
+    logits = logits.to(dtype)
+    expected = torch.logsumexp(logits.double(), dim=1)
+    torch.testing.assert_close(cross_entropy._logsumexp_rows(logits).double(), expected, rtol=1e-6, atol=1e-5)
