@@ -14,6 +14,7 @@ each ``mpu/tests`` script runs under ``torchrun --nproc_per_node 2``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -86,8 +87,6 @@ def ensure_corpus(vocab: Path, path: Path = CORPUS, documents: int = 400) -> Non
     """JSON lines ``{"prompt": "", "text": ...}`` of sentences drawn from the vocabulary, seeded."""
     if path.exists():
         return
-    import json
-
     words = [w for w in vocab.read_text(encoding="utf-8").split() if w.isalpha() and len(w) > 2][:3000]
     rng = random.Random(0)
     common = words[:200]  # a skewed distribution the model can learn within 20 steps

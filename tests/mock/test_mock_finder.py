@@ -8,7 +8,6 @@ import pytest
 from migrate.mock.finder import MockFinder, StandIn, parse_forced
 from migrate.mock.plan import MOCK_DEFINED, load_plan, resolve
 
-NOTHING_INSTALLED = staticmethod(lambda scope: None)
 
 
 def use(finder: MockFinder) -> MockFinder:
