@@ -50,6 +50,15 @@ def _only_groups(optimizer: torch.optim.Optimizer, groups: list[dict]):
         optimizer.param_groups = every_group
 
 
+def _base_step(base: type, optimizer: torch.optim.Optimizer) -> None:
+    """``base.step`` for ``optimizer``, without the step-hook runner torch wraps around ``base.step``
+    once any plain ``base`` instance exists: our own ``step`` already ran the hooks."""
+    step = base.step
+    if getattr(step, "hooked", False):
+        step = step.__wrapped__
+    step(optimizer)
+
+
 class _ApexOptimizer:
     """What apex's optimizers add to torch's: ``set_grad_none`` as ``zero_grad``'s default, and
     constructor options that survive ``copy.deepcopy`` / pickling (torch's ``__getstate__`` keeps
@@ -121,7 +130,7 @@ class FusedAdam(_ApexOptimizer, torch.optim.Adam):
         corrected = [g for g in self.param_groups if g["bias_correction"]]
         if corrected:
             with _only_groups(self, corrected):
-                super().step()
+                _base_step(torch.optim.Adam, self)
         for group in self.param_groups:
             if not group["bias_correction"]:
                 self._uncorrected_adam(group)
@@ -222,7 +231,7 @@ class FusedSGD(_ApexOptimizer, torch.optim.SGD):
                 group = {**group, "weight_decay": 0.0}  # same params and state, decay already applied
             groups.append(group)
         with _only_groups(self, groups):
-            super().step()
+            _base_step(torch.optim.SGD, self)
         return loss
 
 

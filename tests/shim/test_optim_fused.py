@@ -257,6 +257,21 @@ def test_optimizer_deepcopy():
     assert copy.deepcopy(DeepSpeedCPUAdam(model.parameters())).fp32_optimizer_states
 
 
+@pytest.mark.parametrize("make", [lambda ps: FusedAdam(ps), lambda ps: FusedAdam(ps, bias_correction=False), lambda ps: FusedSGD(ps, lr=0.1)])
+def test_step_hooks_run_once(make):
+    # a plain torch optimizer makes torch wrap the base class's step with the hook runner
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    w = torch.zeros(2, requires_grad=True)
+    w.grad = torch.ones(2)
+    optimizer, calls = make([w]), []
+    optimizer.register_step_pre_hook(lambda *args: calls.append("pre"))
+    optimizer.register_step_post_hook(lambda *args: calls.append("post"))
+    optimizer.step()
+    assert calls == ["pre", "post"]
+    assert not torch.equal(w, torch.zeros(2))
+
+
 def test_set_grad_none_drives_zero_grad():
     model = torch.nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
