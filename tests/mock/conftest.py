@@ -42,6 +42,9 @@ def run_fixture(name: str, env: dict[str, str], *args: str, launcher: tuple[str,
     return run([sys.executable, *launcher, str(FIXTURES / name), *args], env, cwd=FIXTURES)
 
 
+_ABSENT = object()
+
+
 def _mockable(name: str) -> bool:
     return name.split(".")[0] in ("apex", "amp_C", "deepspeed") or name == "torch._six"
 
@@ -51,12 +54,17 @@ def in_process_mock():
     """An in-process finder test sees no apex/deepspeed modules imported before it, and
     leaves sys.meta_path and sys.modules as it found them. torch is imported first so
     the finder's torch hook (shim.compat.install) never fires inside the test process."""
-    import torch  # noqa: F401
+    import torch
 
     meta_path = list(sys.meta_path)
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _mockable(name)}
+    torch_six = vars(torch).get("_six", _ABSENT)  # importing torch._six sets it on torch
     yield
     sys.meta_path[:] = meta_path
     for name in [n for n in sys.modules if _mockable(n)]:
         del sys.modules[name]
     sys.modules.update(saved)
+    if torch_six is _ABSENT:
+        vars(torch).pop("_six", None)
+    else:
+        torch._six = torch_six
