@@ -13,6 +13,9 @@ very objects, or their absence), and both are idempotent. When the active device
 - ``init_process_group`` / ``new_group`` with ``backend='nccl'``: gloo;
 - ``DistributedDataParallel(module, device_ids=[i], output_device=i)`` on a CPU module: the ids are dropped.
 
+The wrapped factories are registered in TorchScript's builtin table too, so ``torch.jit.script``
+still compiles code that calls them.
+
 Always (torch 2 removed it): ``torch._six`` is ``shim.compat.six``, as attribute and importable module.
 
 On a CUDA device only ``torch._six`` is installed: everything else already works there.
@@ -41,7 +44,16 @@ def _patches() -> list[tuple[object, str, object]]:
     if active_device().type == "cuda":
         return patches
     patches += [(torch.cuda, name, getattr(cudaless, name)) for name in cudaless.__all__]
-    patches += [(torch, name, devices.device_kwarg_mapped(getattr(torch, name))) for name in devices.factory_names()]
+    factories = {name: (getattr(torch, name), devices.device_kwarg_mapped(getattr(torch, name))) for name in devices.factory_names()}
+    patches += [(torch, name, wrapper) for name, (_, wrapper) in factories.items()]
+    # TorchScript knows torch.zeros & co by object identity; without these entries it would try to
+    # compile the wrappers. Scripted code gets the aten op itself (and no device mapping).
+    builtins = torch.jit._builtins._get_builtin_table()
+    patches += [
+        (builtins, id(wrapper), builtins[id(original)])
+        for original, wrapper in factories.values()
+        if id(original) in builtins
+    ]
     patches += [(torch.Tensor, name, devices.device_kwarg_mapped(getattr(torch.Tensor, name))) for name in devices.TENSOR_METHODS]
     patches += [
         (torch.Tensor, "to", devices.to_mapped(torch.Tensor.to)),
@@ -79,16 +91,18 @@ def _put(owner, name: str, value) -> None:
         setattr(owner, name, value)
 
 
-def _qualified(owner, name: str) -> str:
+def _qualified(owner, name, value) -> str:
     if owner is sys.modules:
         return f"sys.modules[{name!r}]"
+    if isinstance(owner, dict):  # TorchScript's builtin table
+        return f"torch.jit builtin table: wrapped {value.split('::')[-1]} -> {value}"
     prefix = owner.__name__ if isinstance(owner, type(sys)) else f"{owner.__module__}.{owner.__qualname__}"
     return f"{prefix}.{name}"
 
 
 def planned_changes() -> list[str]:
     """What install() would change on this machine, as qualified names (``torch.cuda.FloatTensor``...)."""
-    return [_qualified(owner, name) for owner, name, _ in _patches()]
+    return [_qualified(owner, name, value) for owner, name, value in _patches()]
 
 
 def install() -> None:

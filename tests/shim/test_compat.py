@@ -38,6 +38,7 @@ def test_uninstall_restores_every_patched_attribute_exactly():
         def snapshot():
             snap = {(o, k): v for o, owner in OWNERS.items() for k, v in list(vars(owner).items())}
             snap[("sys.modules", "torch._six")] = sys.modules.get("torch._six")
+            snap.update({("jit builtins", k): v for k, v in torch.jit._builtins._get_builtin_table().items()})
             return snap
 
         def changed(a, b):
@@ -122,6 +123,10 @@ def test_factory_list_is_read_from_torch():
     assert "add" not in names and "matmul" not in names
 
 
+def _uses_factories(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64) + torch.zeros(3, dtype=torch.float64) * torch.arange(3)
+
+
 CUDA_DEVICES = ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0), 0]
 
 
@@ -150,6 +155,13 @@ def test_to_with_cuda_devices(compat, device):
     module = torch.nn.Linear(2, 2).to(device)
     assert module.weight.device.type == "cpu"
     assert torch.nn.Linear(2, 2, device="meta").to_empty(device=device).weight.device.type == "cpu"
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_torchscript_still_compiles_factories(compat):
+    scripted = torch.jit.script(_uses_factories)
+    assert scripted(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]
+    assert torch.zeros(2, device="cuda").device.type == "cpu"  # eager calls still map
 
 
 def test_other_devices_and_to_forms_untouched(compat):
