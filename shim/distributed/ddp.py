@@ -4,6 +4,7 @@ and ``data_parallel()`` over the layout's ``dp`` dim."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
@@ -33,6 +34,11 @@ class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
     def __new__(cls, module=None, device_ids=None, output_device=None, process_group=None, **kwargs):
         # module is None when copy/pickle re-creates an instance: always the plain wrapper then.
         if module is not None and get_world_size(group=process_group) > 1:
+            if _has_dtensor_parameters(module):
+                raise TypeError(
+                    "DistributedDataParallel: the model has tensor-parallel (DTensor) parameters, which torch DDP "
+                    "cannot bucket; use shim.distributed.data_parallel(model) (FSDP2 on the dp mesh)"
+                )
             if not _on_accelerator(module):
                 device_ids = output_device = None
             return _TorchDDP(
@@ -51,6 +57,12 @@ class DistributedDataParallel(torch.nn.Module, metaclass=_EitherDDP):
     def no_sync(self):
         """No gradients to synchronise in one process."""
         yield
+
+
+def _has_dtensor_parameters(module: torch.nn.Module) -> bool:
+    # No DTensor can exist before torch.distributed.tensor is imported; don't import it here.
+    dtensor_module = sys.modules.get("torch.distributed.tensor")
+    return dtensor_module is not None and any(isinstance(p, dtensor_module.DTensor) for p in module.parameters())
 
 
 def _on_accelerator(module: torch.nn.Module) -> bool:

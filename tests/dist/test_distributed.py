@@ -180,11 +180,15 @@ def check_ddp_averages_gradients_like_one_process():
 
 
 def check_tensor_parallel_layout():
+    from shim.nn import Linear1D
+
     layout = sdist.setup_dist_util(tensor_parallel_size=2)
     try:
         assert layout.data_parallel_size == 1
         assert layout.tensor_parallel_rank == dist.get_rank()
         assert sdist.get_layer_placement(0).mesh.tolist() == [[0, 1]]
+        with pytest.raises(TypeError, match=r"use shim.distributed.data_parallel\(model\)"):
+            sdist.DistributedDataParallel(Linear1D(4, 4, parallel="col"))
     finally:
         sdist.reset_dist_util()
 
