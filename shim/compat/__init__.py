@@ -91,6 +91,11 @@ def _put(owner, name: str, value) -> None:
         setattr(owner, name, value)
 
 
+def _restore(saved: list[tuple[object, str, object]]) -> None:
+    for owner, name, original in reversed(saved):
+        _put(owner, name, original)
+
+
 def _qualified(owner, name, value) -> str:
     if owner is sys.modules:
         return f"sys.modules[{name!r}]"
@@ -112,9 +117,16 @@ def install() -> None:
         if _saved is not None:
             return
         patches = _patches()
-        _saved = [(owner, name, _namespace(owner).get(name, _ABSENT)) for owner, name, _ in patches]
-        for owner, name, value in patches:
-            _put(owner, name, value)
+        saved = [(owner, name, _namespace(owner).get(name, _ABSENT)) for owner, name, _ in patches]
+        applied: list[tuple[object, str, object]] = []
+        try:
+            for (owner, name, value), original in zip(patches, saved):
+                _put(owner, name, value)
+                applied.append(original)
+        except BaseException:  # never leave torch half-patched
+            _restore(applied)
+            raise
+        _saved = saved
 
 
 def uninstall() -> None:
@@ -123,8 +135,7 @@ def uninstall() -> None:
     with _lock:
         if _saved is None:
             return
-        for owner, name, original in reversed(_saved):
-            _put(owner, name, original)
+        _restore(_saved)
         _saved = None
 
 

@@ -86,6 +86,19 @@ def test_install_state_and_context_manager():
     assert not shim.compat.is_installed()
 
 
+def test_failed_install_leaves_torch_untouched(monkeypatch):
+    monkeypatch.delenv("SHIM_DEVICE", raising=False)
+    before = dict(vars(torch))
+    broken = [(torch, "_six", six), (torch.cuda, "device_count", cudaless.device_count), (type(None), "x", 1)]
+    monkeypatch.setattr(shim.compat, "_patches", lambda: broken)  # the last one cannot be set
+    with pytest.raises(TypeError):
+        shim.compat.install()
+    assert not shim.compat.is_installed()
+    after = dict(vars(torch))
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+    assert torch.cuda.device_count is not cudaless.device_count
+
+
 def test_torch_six(compat):
     import torch._six
     from torch._six import container_abcs, inf, int_classes, nan, string_classes
