@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import shim as torch
 import shim.distributed as dist
 import shim.nn as nn
 import shim.nn.functional as F
-from shim.distributed.tensor import DTensor, Replicate, Shard
+
+
+def _is_dtensor(tensor) -> bool:
+    # DTensor takes seconds to import; before it is imported no tensor can be one.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def _local(tensor):
     """This rank's part of a parameter, gradient or output (the tensor itself when not sharded)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def local_state_dict(model) -> dict:
@@ -81,6 +87,8 @@ class TensorParallel:
         """``x @ W.T`` without the bias (the caller fuses it with the next op): this rank's columns."""
         if self.size == 1:
             return F.linear(x, layer.weight)
+        from shim.distributed.tensor import DTensor, Replicate
+
         mesh = layer.weight.device_mesh
         return F.linear(DTensor.from_local(x, mesh, [Replicate()], run_check=False), layer.weight).to_local()
 
@@ -88,6 +96,8 @@ class TensorParallel:
         """``x @ W.T`` without the bias, summed over the ranks' input slices."""
         if self.size == 1:
             return F.linear(x, layer.weight)
+        from shim.distributed.tensor import DTensor, Replicate, Shard
+
         mesh = layer.weight.device_mesh
         partial = F.linear(DTensor.from_local(x, mesh, [Shard(-1)], run_check=False), layer.weight)
         return partial.redistribute(mesh, [Replicate()]).to_local()
@@ -188,8 +198,8 @@ class ParallelEnv:
         if self.tp_size == 1:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         # torch's foreach kernels take DTensors or plain tensors, not both in one list.
-        sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
-        replicated = [p for p in parameters if not isinstance(p.grad, DTensor)]
+        sharded = [p for p in parameters if _is_dtensor(p.grad)]
+        replicated = [p for p in parameters if not _is_dtensor(p.grad)]
         norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor(),
                  torch.nn.utils.get_total_norm([p.grad for p in replicated])]
         total = torch.linalg.vector_norm(torch.stack(norms))

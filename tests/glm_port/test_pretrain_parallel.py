@@ -9,7 +9,6 @@ import contextlib
 import io
 import os
 import re
-import socket
 import tempfile
 import time
 import traceback
@@ -38,17 +37,12 @@ def logged_losses(text: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     for name, (argv, _) in RUNS.items():
         out = io.StringIO()
         try:
@@ -65,8 +59,10 @@ def _rank_main(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def two_rank_logs():
     assert not dist.is_initialized()
+    # The store is bound here, on a port the OS picks, so no other test can take it in between.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(_rank_main, args=(_free_port(), out_dir), nprocs=2, start_method="fork",
+        context = mp.start_processes(_rank_main, args=(store.port, out_dir), nprocs=2, start_method="fork",
                                      join=False)
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):
