@@ -35,7 +35,7 @@ from shim.compat import cudaless, devices, distributed, six
 
 _ABSENT = object()
 _lock = threading.Lock()
-_saved: list[tuple[object, str, object]] | None = None  # (owner, name, original), in install order
+_saved: list[tuple[object, object, object]] | None = None  # (owner, name, original), in install order
 
 
 def _patches() -> list[tuple[object, str, object]]:
@@ -78,8 +78,8 @@ def _namespace(owner) -> dict:
     return owner if isinstance(owner, dict) else vars(owner)
 
 
-def _put(owner, name: str, value) -> None:
-    """Set, or delete when ``value`` is _ABSENT, without going through descriptors on read."""
+def _put(owner, name, value) -> None:
+    """Set ``owner.name`` (an item when ``owner`` is a dict); delete it when ``value`` is _ABSENT."""
     if isinstance(owner, dict):
         if value is _ABSENT:
             owner.pop(name, None)
@@ -117,6 +117,7 @@ def install() -> None:
         if _saved is not None:
             return
         patches = _patches()
+        # raw namespace values (not getattr), so descriptors such as staticmethods come back as they were
         saved = [(owner, name, _namespace(owner).get(name, _ABSENT)) for owner, name, _ in patches]
         applied: list[tuple[object, str, object]] = []
         try:
