@@ -151,7 +151,7 @@ def check_bad_configuration_fails_before_collectives():
 
 
 def check4_tensor_parallel_2_with_fsdp_data_parallel_2():
-    reference, reference_loss = _reference()
+    reference, _ = _reference()
     with layout(tensor_parallel_size=2, data_parallel_size=2):
         model = sdist.data_parallel(_seeded_block(0))  # DTensor weights: FSDP2 on the same root mesh
         x, y = (t.chunk(2)[sdist.current_layout().data_parallel_rank] for t in _inputs())
