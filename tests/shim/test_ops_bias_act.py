@@ -69,3 +69,10 @@ def test_bias_without_grad():
 def test_bad_input_is_one_clear_error(x, bias, kwargs, error, message):
     with pytest.raises(error, match=message):
         F.fused_bias_add_gelu(x, bias, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_is_bit_identical_to_composed(dtype):
+    x, bias = make_inputs(dtype)
+    with torch.no_grad():
+        assert torch.equal(F.fused_bias_add_gelu(x, bias), torch.nn.functional.gelu(x + bias, approximate="tanh"))
