@@ -194,7 +194,9 @@ class GLMModel(nn.Module):
         tp = tp or TensorParallel()
         self.config = config
         self.tp = tp
-        self.word_embeddings = tp.vocab_embedding(config.vocab_size, config.hidden_size, _normal_(config.init_method_std))
+        self.word_embeddings = tp.vocab_embedding(
+            config.vocab_size, config.hidden_size, _normal_(config.init_method_std)
+        )
         self.transformer = GLMTransformer(config, tp)
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
         self.register_load_state_dict_pre_hook(_strip_hf_prefix)

@@ -12,9 +12,12 @@ The log keeps upstream's line, ``iteration N/M | elapsed time per iteration (ms)
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -29,12 +32,12 @@ from glm_port.parallel import ParallelEnv, local_state_dict
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
 
 
-def set_random_seed(seed: int, layout: ParallelEnv) -> None:
+def set_random_seed(seed: int, env: ParallelEnv) -> None:
     """Same seed on every rank, as upstream; the tensor-parallel RNG tracker adds its per-rank offset."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    layout.seed_tracker(seed)
+    env.seed_tracker(seed)
 
 
 def model_config(args, vocab_size: int) -> GLMConfig:
@@ -68,20 +71,36 @@ def _to_device(batch: dict, device) -> dict:
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
-def setup(args):
+@dataclass
+class Run:
+    """Everything a training run holds between steps."""
+
+    env: ParallelEnv
+    config: GLMConfig
+    model: GLMModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    batches: Iterator[dict]
+    iteration: int
+
+
+def setup(args) -> Run:
     """Everything before the first step; bad input fails here, before anything is written."""
-    layout = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device)
+    if args.local_rank is not None:  # older launchers pass --local_rank instead of setting LOCAL_RANK
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    env = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device)
     if args.train_batch_size is not None:
-        expected = args.batch_size * args.gradient_accumulation_steps * layout.dp_size
+        expected = args.batch_size * args.gradient_accumulation_steps * env.dp_size
         if args.train_batch_size != expected:
             raise ValueError(
                 f"--deepspeed_config train_batch_size {args.train_batch_size} != micro batch {args.batch_size}"
-                f" x accumulation {args.gradient_accumulation_steps} x data-parallel {layout.dp_size}"
+                f" x accumulation {args.gradient_accumulation_steps} x data-parallel {env.dp_size}"
             )
-    set_random_seed(args.seed, layout)
+    set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     config = model_config(args, tokenizer.vocab_size)
-    model = GLMModel(config, layout.tensor_parallel()).to(layout.device)
+    model = GLMModel(config, env.tensor_parallel()).to(env.device)
     decay_iters = args.lr_decay_iters or args.train_iters
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(
         lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
@@ -89,11 +108,11 @@ def setup(args):
         decay_ratio=args.lr_decay_ratio,
     ))
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
-    precision = Precision(layout.device, dtype, args.loss_scale)
+    precision = Precision(env.device, dtype, args.loss_scale)
     iteration = 0
     if args.load is not None:
         iteration = load_checkpoint(
-            args.load, model, tp_rank=layout.tp_rank, optimizer=optimizer, scheduler=scheduler,
+            args.load, model, tp_rank=env.tp_rank, optimizer=optimizer, scheduler=scheduler,
             grad_scaler=precision.scaler, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
         )
     masker_kwargs = dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
@@ -104,70 +123,72 @@ def setup(args):
     with torch.random.fork_rng(devices=[]):
         batches = data.build_train_batches(
             args.train_data, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=args.seed,
-            masker_kwargs=masker_kwargs, rank=layout.dp_rank, world_size=layout.dp_size, text_key=args.text_key,
+            masker_kwargs=masker_kwargs, rank=env.dp_rank, world_size=env.dp_size, text_key=args.text_key,
             start_batch=iteration * args.gradient_accumulation_steps,  # resume the data where it stopped
         )
-    return layout, config, model, optimizer, scheduler, precision, batches, iteration
+    return Run(env, config, model, optimizer, scheduler, precision, batches, iteration)
 
 
-def train(args, layout, config, model, optimizer, scheduler, precision, batches, iteration) -> int:
-    trained = layout.wrap_data_parallel(model)
+def train(args, run: Run) -> None:
+    env = run.env
+    trained = env.wrap_data_parallel(run.model)
     trained.train()
-    main_rank = layout.is_main
-    tokens_per_iter = args.batch_size * args.seq_length * args.gradient_accumulation_steps * layout.dp_size
-    if main_rank:
-        parameters = sum(p.numel() for p in local_state_dict(model).values())
-        print(f" > number of parameters on model parallel rank {layout.tp_rank}: {parameters}", flush=True)
-    bar = tqdm(total=args.train_iters, initial=iteration, unit="it", dynamic_ncols=True,
-               disable=not (main_rank and sys.stderr.isatty()))
+    tokens_per_iter = args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size
+    if env.is_main:
+        parameters = sum(p.numel() for p in local_state_dict(run.model).values())
+        print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
+    bar = tqdm(total=args.train_iters, initial=run.iteration, unit="it", dynamic_ncols=True,
+               disable=not (env.is_main and sys.stderr.isatty()))
     interval_loss, interval_start = 0.0, time.perf_counter()
-    while iteration < args.train_iters:
+    while run.iteration < args.train_iters:
         step_start = time.perf_counter()
-        microbatches = [_to_device(next(batches), layout.device) for _ in range(args.gradient_accumulation_steps)]
-        loss = train_step(trained, microbatches, optimizer, scheduler, precision, clip_grad=args.clip_grad,
-                          env=layout)
-        iteration += 1
+        microbatches = [_to_device(next(run.batches), env.device) for _ in range(args.gradient_accumulation_steps)]
+        loss = train_step(trained, microbatches, run.optimizer, run.scheduler, run.precision,
+                          clip_grad=args.clip_grad, env=env)
+        run.iteration += 1
         interval_loss += loss
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_iter / (time.perf_counter() - step_start):.0f}")
-        if iteration % args.log_interval == 0:
+        if run.iteration % args.log_interval == 0:
             elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / args.log_interval
-            if main_rank:
-                line = log_line(iteration, args.train_iters, elapsed_ms, optimizer.param_groups[0]["lr"],
-                                interval_loss / args.log_interval, precision.loss_scale)
-                tqdm.write(line) if not bar.disable else print(line, flush=True)
+            if env.is_main:
+                line = log_line(run.iteration, args.train_iters, elapsed_ms, run.optimizer.param_groups[0]["lr"],
+                                interval_loss / args.log_interval, run.precision.loss_scale)
+                if bar.disable:
+                    print(line, flush=True)
+                else:
+                    bar.write(line)
             interval_loss, interval_start = 0.0, time.perf_counter()
-        if args.save and iteration % args.save_interval == 0:
-            save(args, layout, config, model, optimizer, scheduler, precision, iteration)
+        if args.save and run.iteration % args.save_interval == 0:
+            save(args, run)
     bar.close()
-    return iteration
 
 
-def save(args, layout, config, model, optimizer, scheduler, precision, iteration) -> None:
+def save(args, run: Run) -> None:
     keep_optim = not args.no_save_optim
     path = save_checkpoint(
-        args.save, iteration, local_state_dict(model), config=config,
-        optimizer=optimizer if keep_optim else None, scheduler=scheduler if keep_optim else None,
-        grad_scaler=precision.scaler if keep_optim else None, save_rng=not args.no_save_rng,
-        tp_rank=layout.tp_rank, writer=layout.dp_rank == 0,
+        args.save, run.iteration, local_state_dict(run.model), config=run.config,
+        optimizer=run.optimizer if keep_optim else None, scheduler=run.scheduler if keep_optim else None,
+        grad_scaler=run.precision.scaler if keep_optim else None, save_rng=not args.no_save_rng,
+        tp_rank=run.env.tp_rank, writer=run.env.dp_rank == 0,
     )
-    if layout.is_main:
-        print(f" saved checkpoint at iteration {iteration:7d} to {path}", flush=True)
+    if run.env.is_main:
+        print(f" saved checkpoint at iteration {run.iteration:7d} to {path}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        state = setup(args)
+        run = setup(args)
     except (CheckpointError, OSError, ValueError) as error:
         sys.exit(f"glm-pretrain: error: {error}")
-    layout, config, model, optimizer, scheduler, precision, batches, start = state
+    start = run.iteration
     try:
-        iteration = train(args, layout, config, model, optimizer, scheduler, precision, batches, start)
-        if args.save and iteration != start and iteration % args.save_interval:
-            save(args, layout, config, model, optimizer, scheduler, precision, iteration)
+        train(args, run)
+        if args.save and run.iteration != start and run.iteration % args.save_interval:
+            save(args, run)  # the last iterations, as upstream saves at the end
     finally:
-        layout.close()
+        run.env.close()
 
 
 if __name__ == "__main__":
