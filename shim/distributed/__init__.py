@@ -28,7 +28,7 @@ _COLLECTIVES = (
 
 _LAYOUT = (
     "ParallelLayout current_layout ensure_divisible get_dist_util get_hidden_sbp get_layer_placement "
-    "get_nd_sbp is_main_process reset_dist_util setup_dist_util world_size"
+    "get_nd_sbp is_main_process reset_dist_util setup_dist_util"
 ).split()
 
 # name -> module that defines it (imported on first use)
