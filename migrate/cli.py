@@ -25,7 +25,9 @@ exit status: 0 done, 1 --check found something to change, 2 usage or I/O error.
 examples:
   glm-migrate GLM -o GLM-shim            migrate a tree into a new directory
   glm-migrate GLM --diff --select APX    show what the apex rules would change
-  glm-migrate GLM-shim --check           exit 1 if anything is left to migrate"""
+  glm-migrate GLM-shim --check           exit 1 if anything is left to migrate
+  glm-migrate --verify GLM [--iters N]   migrate GLM, train original and port, compare losses
+                                         (see glm-migrate --verify --help)"""
 
 
 def _codes(text: str) -> set[str]:
@@ -58,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--verify"]:
+        from migrate import verify  # its own parser and exit status
+
+        return verify.main(argv[1:])
     p = parser()
     args = p.parse_args(argv)
     if not (args.output or args.in_place or args.diff or args.check):

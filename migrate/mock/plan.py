@@ -20,11 +20,10 @@ SCOPES = {
     "torch._six": "torch < 2.0",
 }
 
-# DeepSpeed entry points GLM calls whose behaviour no shim name has (idempotent
-# env:// initialisation, DeepSpeed's own argparse flags): defined by the mock itself.
+# DeepSpeed's init_distributed: the codemod rewrites its call to init_process_group (an
+# argument edit the mock cannot make), so the mock serves shim.deepspeed's, same signature.
 MOCK_DEFINED = {
-    "deepspeed.init_distributed": "migrate.mock.deepspeed_api.init_distributed",
-    "deepspeed.add_config_arguments": "migrate.mock.deepspeed_api.add_config_arguments",
+    "deepspeed.init_distributed": "shim.deepspeed.init_distributed",
 }
 
 
@@ -98,7 +97,7 @@ def load_plan() -> Plan:
 
     redirects = {r.match: _redirect(r) for r in load_rules() if scope_of(r.match) and r.kind != "method"}
     for name, target in MOCK_DEFINED.items():
-        redirects[name] = Redirect(name, "symbol", target, note="defined by glm-mock on shim.distributed")
+        redirects[name] = Redirect(name, "symbol", target, note="shim.deepspeed's, on shim.distributed")
     return Plan(list(redirects.values()))
 
 

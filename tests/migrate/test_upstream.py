@@ -12,8 +12,7 @@ def test_upstream_migrates_cleanly_and_idempotently(upstream, tmp_path):
     assert summary["files_scanned"] == 69 and summary["errors"] == 0
     assert summary["unconverted"] == 0
     kept = {(r.report.path, k["code"]) for r in results if r.report for k in r.report.kept}
-    assert kept == {("arguments.py", "DSP199"), ("arguments.py", "DSP102"), ("pretrain_glm.py", "DSP199"),
-                    ("train_utils.py", "DSP199"), ("train_utils.py", "DSP101")}
+    assert kept == {("train_utils.py", "DSP101")}  # the DeepSpeed engine, reached only with --deepspeed
 
     migrated = {r.relpath: r.migrated for r in results if r.migrated is not None}
     for path, data in migrated.items():

@@ -1,14 +1,43 @@
-"""The two DeepSpeed start-up calls GLM makes, for when DeepSpeed is not installed.
+"""DeepSpeed's start-up surface, usable without DeepSpeed installed.
 
-``deepspeed.init_distributed`` and ``deepspeed.add_config_arguments`` have no
-shim name of their own (the codemod leaves them to DeepSpeed), so the stand-in
-``deepspeed`` module serves these, built on ``shim.distributed``.
+Migrated code imports ``shim.deepspeed as deepspeed``. What GLM-era scripts call on
+every run works here on ``shim.distributed``: ``init_distributed``,
+``add_config_arguments`` and ``checkpointing`` (``shim.checkpointing``). Everything
+else (``initialize``, ZeRO, ``ops``) is the real DeepSpeed's, imported on first use,
+so a run that never asks for the engine (no ``--deepspeed``) never needs DeepSpeed.
+glm-mock serves the same functions for unmodified code.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+
+import torch
+
+import shim.distributed as dist
+from shim import checkpointing
+
+__all__ = ["add_config_arguments", "checkpointing", "init_distributed"]
+
+_forwarding: set[str] = set()  # names being looked up in the real DeepSpeed (a stand-in may point back here)
+
+
+def __getattr__(name: str):
+    if name.startswith("__") or name in _forwarding:
+        raise AttributeError(f"module 'shim.deepspeed' has no attribute {name!r}")
+    _forwarding.add(name)
+    try:
+        real = importlib.import_module("deepspeed")
+        return getattr(real, name)
+    except ImportError as exc:
+        raise AttributeError(
+            f"deepspeed.{name} needs DeepSpeed itself (pip install deepspeed); without it only "
+            f"{', '.join(__all__)} are available"
+        ) from exc
+    finally:
+        _forwarding.discard(name)
 
 
 def init_distributed(
@@ -28,12 +57,8 @@ def init_distributed(
     or a group of one when the process was started without any of them.
     ``auto_mpi_discovery`` and ``config`` are accepted and unused: MPI discovery
     needs the real DeepSpeed."""
-    import shim.distributed as dist
-
     if dist_init_required is False or dist.is_initialized():
         return
-    import torch
-
     backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
     kwargs = {} if timeout is None else {"timeout": timeout}
     launched = init_method is not None or "RANK" in os.environ or rank >= 0
@@ -43,7 +68,7 @@ def init_distributed(
     else:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
     if verbose:
-        print(f"glm-mock: initializing torch.distributed ({backend}) for deepspeed.init_distributed", flush=True)
+        print(f"shim.deepspeed: initializing torch.distributed ({backend}) for deepspeed.init_distributed", flush=True)
     dist.init_process_group(backend=backend, **kwargs)
 
 
@@ -54,7 +79,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         "--deepspeed",
         default=False,
         action="store_true",
-        help="enable DeepSpeed (needs the real DeepSpeed: glm-mock does not provide its engine)",
+        help="enable the DeepSpeed engine (needs DeepSpeed installed)",
     )
     group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file")
     group.add_argument("--deepscale", default=False, action="store_true", help=argparse.SUPPRESS)
