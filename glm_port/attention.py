@@ -24,7 +24,8 @@ MASKED_SCORE = -65504.0
 
 
 def is_sep_form(attention_mask: torch.Tensor, batch_size: int) -> bool:
-    return attention_mask.numel() in (1, batch_size) and attention_mask.dim() <= 1
+    """As upstream: one number per sample (any shape) or one for all; the full form is 4-D."""
+    return attention_mask.numel() in (1, batch_size) and attention_mask.dim() < 4
 
 
 def visibility_mask(

@@ -61,6 +61,7 @@ def test_sep_mask_hand_worked():
                              [1, 1, 1, 1, 1]], dtype=torch.bool)
     mask = visibility_mask(torch.tensor([2, 0]), batch_size=2, query_length=5)
     assert mask.shape == (2, 1, 5, 5)
+    assert torch.equal(visibility_mask(torch.tensor([[2], [0]]), batch_size=2, query_length=5), mask)
     assert torch.equal(mask[0, 0], expected)
     assert torch.equal(mask[1, 0], torch.ones(5, 5).tril().bool())  # sep 0: plain causal
 
