@@ -1,95 +1,274 @@
-"""Training-step speed of glm_port's GLM: SDPA vs upstream's explicit masked attention, fused vs foreach AdamW.
+"""GLM pretraining speed, side by side: the original upstream under glm-mock, the migrated upstream, glm_port.
 
-    python bench/pretrain.py                       # small GLM on the active device (shim.device())
-    python bench/pretrain.py --hidden-size 1024 --num-layers 24 --seq-length 512 --batch-size 4   # GLM-Large
+    python bench/pretrain.py                                   # glm_port alone, CPU shapes tiny and base
+    python bench/pretrain.py --upstream /path/to/GLM           # all three, CPU shapes tiny and base
+    python bench/pretrain.py --upstream /path/to/GLM --shapes large --precisions fp32 half   # GPU: GLM-Large
 
-Each variant trains on the same synthetic blank-infilling batches (the shapes of glm_port.data);
-the table reports the median step time over ``--steps`` after ``--warmup`` steps, and tokens/s.
-On a shared machine run it a few times: the medians move with the load.
+Every run is a fresh process training the same GLM with the same flags for ``--iters`` iterations:
+(a) upstream's ``pretrain_glm.py`` unmodified under ``glm-mock``; (b) the tree ``glm-migrate`` makes
+of it, with no mock; (c) ``glm-pretrain``. All three read upstream's ``--train-data test`` corpus
+(/root/data/test.json) with the BERT WordPiece vocabulary (30522 tokens, padded to 30592) and print
+upstream's ``elapsed time per iteration (ms)`` line, which is parsed; the figure per run is the median
+after ``--warmup`` iterations. Peak memory is the child's ``ru_maxrss`` on CPU and
+``torch.cuda.max_memory_allocated`` on a GPU (bench/peak_memory.py wraps each run). With ``--rounds``
+above 1 the three alternate (the order rotates every round) and each figure is the median over rounds,
+which is what to use on a loaded machine.
+
+``half`` precision is upstream's ``--fp16`` (apex-style FP16 module, loss scaling: the only half mode
+upstream has) and glm_port's ``--bf16`` autocast. MFU (on a GPU) counts ``6 N + 12 L h s`` FLOP per
+token (N: parameters in the matmuls, the tied output layer included) against ``--peak-tflops``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import shim as torch
-from glm_port import GLMConfig, GLMModel
-from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
+from tqdm import tqdm
 
+# `python bench/pretrain.py` puts bench/ first on sys.path, where the sibling bench/migrate.py would
+# shadow the migrate package this script imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-def synthetic_batch(batch: int, seq: int, vocab: int, device) -> dict:
-    g = torch.Generator().manual_seed(0)
-    sep = torch.randint(seq // 2, seq - 1, (batch,), generator=g)
-    columns = torch.arange(seq).expand(batch, seq)
-    batch = {
-        "text": torch.randint(0, vocab, (batch, seq), generator=g),
-        "target": torch.randint(0, vocab, (batch, seq), generator=g),
-        "loss_mask": (columns >= sep[:, None]).float(),
-        "attention_mask": sep,
-        "position_id": torch.stack([columns, (columns - sep[:, None] + 1).clamp(min=0)], dim=1),
-    }
-    return {k: v.to(device) for k, v in batch.items()}
+import shim as torch  # noqa: E402
 
-
-def _synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
+ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+LOSS = re.compile(r"lm loss ([-+0-9.eE]+|nan|inf)")
+PEAK = re.compile(r"peak memory \(MiB\): rss ([0-9.]+) \| cuda ([0-9.]+|-)")
+PADDED_VOCAB = 30592  # BERT's 30522 rounded up to a multiple of 128, as upstream and glm_port pad it
+RUNNERS = ("original", "migrated", "glm_port")
+TITLES = {"original": "(a) original + glm-mock", "migrated": "(b) migrated upstream", "glm_port": "(c) glm_port"}
 
 
-def time_steps(config: GLMConfig, batch: dict, device, steps: int, warmup: int, fused: bool, dtype) -> float:
-    torch.manual_seed(0)
-    model = GLMModel(config).to(device)
-    optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
-    if not fused:
-        for group in optimizer.param_groups:
-            group["fused"], group["foreach"] = False, True
-    precision = Precision(device, dtype)
-    times = []
-    for step in range(warmup + steps):
-        _synchronize(device)
-        start = time.perf_counter()
-        train_step(model, [batch], optimizer, scheduler, precision)
-        _synchronize(device)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    batches: tuple[int, ...]
+
+    def flops_per_token(self) -> float:
+        """Model FLOP per trained token: 6 per matmul parameter (forward + backward) plus attention."""
+        matmul_params = 12 * self.layers * self.hidden**2 + self.hidden * PADDED_VOCAB
+        return 6.0 * matmul_params + 12.0 * self.layers * self.hidden * self.seq
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--seq-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--vocab-size", type=int, default=30592)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--bf16", action="store_true")
-    args = parser.parse_args()
+SHAPES = {
+    "tiny": Shape("tiny", layers=2, hidden=64, heads=4, seq=128, batches=(4,)),
+    "base": Shape("base", layers=6, hidden=256, heads=8, seq=256, batches=(8,)),
+    "large": Shape("large", layers=24, hidden=1024, heads=16, seq=512, batches=(8, 16)),  # GLM-Large
+}
 
-    device = torch.device()
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    base = GLMConfig(vocab_size=args.vocab_size, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                     num_attention_heads=args.num_attention_heads, max_sequence_length=args.seq_length)
-    batch = synthetic_batch(args.batch_size, args.seq_length, args.vocab_size, device)
-    tokens = args.batch_size * args.seq_length
-    variants = [
-        ("explicit attention, foreach AdamW (upstream's math)", "explicit", False),
-        ("explicit attention, fused AdamW", "explicit", True),
-        ("SDPA, fused AdamW (glm-pretrain)", "sdpa", True),
-    ]
-    print(f"device {device}, {dtype}, layers {args.num_layers}, hidden {args.hidden_size}, "
-          f"seq {args.seq_length}, batch {args.batch_size}, vocab {args.vocab_size}")
-    print(f"{'variant':<52} {'ms/step':>9} {'tokens/s':>10}")
-    baseline = None
-    for name, attention, fused in variants:
-        seconds = time_steps(base.replace(attention_impl=attention), batch, device, args.steps, args.warmup,
-                             fused, dtype)
-        baseline = baseline or seconds
-        print(f"{name:<52} {seconds * 1e3:9.1f} {tokens / seconds:10.0f}   x{baseline / seconds:.2f}")
+
+@dataclass(frozen=True)
+class Case:
+    shape: Shape
+    batch: int
+    precision: str  # "fp32" or "half"
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape.name} b{self.batch} {self.precision}"
+
+    def common_flags(self, iters: int) -> list[str]:
+        """Flags upstream and glm-pretrain share, meaning the same in both."""
+        s = self.shape
+        return [
+            "--num-layers", str(s.layers), "--hidden-size", str(s.hidden), "--num-attention-heads", str(s.heads),
+            "--seq-length", str(s.seq), "--max-position-embeddings", str(s.seq), "--batch-size", str(self.batch),
+            "--train-iters", str(iters), "--lr", "1e-3", "--lr-decay-style", "cosine", "--warmup", "0.05",
+            "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--bert-prob", "1.0", "--seed", "1234",
+            "--log-interval", "1",
+        ]  # fmt: skip
+
+
+@dataclass
+class Run:
+    code: int
+    ms: list[float]
+    losses: list[float]
+    peak_mib: float
+    log: Path
+
+    def median_ms(self, warmup: int) -> float:
+        steady = self.ms[warmup:] or self.ms
+        return statistics.median(steady) if steady else float("nan")
+
+
+@dataclass
+class Measured:
+    runs: list[Run] = field(default_factory=list)
+
+    def ok(self) -> bool:
+        return bool(self.runs) and all(r.code == 0 and r.ms for r in self.runs)
+
+    def ms(self, warmup: int) -> float:
+        return statistics.median(r.median_ms(warmup) for r in self.runs)
+
+    def peak(self) -> float:
+        return statistics.median(r.peak_mib for r in self.runs)
+
+
+class Bench:
+    def __init__(self, args, cuda: bool):
+        self.args, self.cuda = args, cuda
+        self.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="glm-bench-"))).resolve()
+        self.trees: dict[str, Path] = {}
+        if args.upstream is not None:
+            from migrate import verify  # the e2e check's runner: a runnable copy and its migration
+            from migrate.mock import selfcheck
+
+            self.trees["original"], self.trees["migrated"] = verify.prepare(
+                args.upstream.resolve(), self.workdir, selfcheck.DEFAULT_VOCAB
+            )
+            self.envs = {"original": selfcheck._mock_env(""), "migrated": verify.ported_env()}
+            self.upstream_flags = selfcheck.PRETRAIN_FLAGS
+        else:  # glm_port alone still reads upstream's corpus, written the way the selfcheck writes it
+            from migrate.mock import selfcheck
+
+            selfcheck.ensure_corpus(selfcheck.DEFAULT_VOCAB)
+        self.corpus, self.vocab = selfcheck.CORPUS, selfcheck.DEFAULT_VOCAB
+
+    def runners(self) -> list[str]:
+        return [r for r in RUNNERS if r == "glm_port" or r in self.trees]
+
+    def command(self, runner: str, case: Case) -> tuple[list[str], Path, dict]:
+        flags = case.common_flags(self.args.iters)
+        threads = {"OMP_NUM_THREADS": str(self.args.threads)} if self.args.threads else {}
+        if runner == "glm_port":
+            flags += ["--train-data", str(self.corpus), "--tokenizer-type", "BertWordPieceTokenizer",
+                      "--tokenizer-path", str(self.vocab)]  # fmt: skip
+            flags += ["--bf16"] if case.precision == "half" else []
+            env = {**os.environ, "GLM_MOCK_DISABLE": "1", **threads}
+            return [sys.executable, str(PEAK_MEMORY), "-m", "glm_port.pretrain_glm", *flags], ROOT, env
+        # Upstream's own flags first; the shared ones after override its sizes (argparse keeps the last).
+        flags = [*self.upstream_flags, *flags, *(["--fp16"] if case.precision == "half" else [])]
+        env = {**self.envs[runner], "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), **threads}  # fmt: skip
+        return [sys.executable, str(PEAK_MEMORY), "pretrain_glm.py", *flags], self.trees[runner], env
+
+    def run(self, runner: str, case: Case, round_: int) -> Run:
+        cmd, cwd, env = self.command(runner, case)
+        log = self.workdir / f"{runner}.{case.label.replace(' ', '_')}.{round_}.log"
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=self.args.timeout)  # fmt: skip
+            code, text = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            code, text = -1, (exc.stdout or b"").decode(errors="replace") + f"\n[timed out after {self.args.timeout} s]"
+        log.write_text(f"$ cd {cwd} && {' '.join(cmd)}\n{text}", encoding="utf-8")
+        peak = PEAK.findall(text)
+        peak_mib = float("nan")
+        if peak:
+            rss, cuda = peak[-1]
+            peak_mib = float(cuda) if self.cuda and cuda != "-" else float(rss)
+        return Run(code, [float(x) for x in ELAPSED.findall(text)], [float(x) for x in LOSS.findall(text)],
+                   peak_mib, log)  # fmt: skip
+
+
+def _free_port() -> int:
+    from migrate.mock.selfcheck import free_port
+
+    return free_port()
+
+
+def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
+    tokens = case.batch * case.shape.seq
+    memory = "peak GPU MiB" if cuda else "peak RSS MiB"
+    head = f"| {case.label} | ms/iter | samples/s | tokens/s | {memory} |" + (" MFU |" if cuda else "")
+    head += " speed vs (a) | memory vs (a) | lm loss first -> last |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    base = results.get("original")
+    for runner, measured in results.items():
+        if not measured.ok():
+            failed = next((r for r in measured.runs if r.code != 0 or not r.ms), None)
+            lines.append(f"| {TITLES[runner]} | failed (exit {failed.code}, log {failed.log}) |")
+            continue
+        ms = measured.ms(args.warmup)
+        rate = 1e3 / ms
+        row = f"| {TITLES[runner]} | {ms:.1f} | {case.batch * rate:.2f} | {tokens * rate:.0f} | {measured.peak():.0f} |"
+        if cuda:
+            row += f" {tokens * rate * case.shape.flops_per_token() / (args.peak_tflops * 1e12):.1%} |"
+        if base is not None and base.ok():
+            row += f" {base.ms(args.warmup) / ms:.2f}x | {measured.peak() / base.peak():.2f}x |"
+        else:
+            row += " - | - |"
+        losses = measured.runs[0].losses
+        row += f" {losses[0]:.4f} -> {losses[-1]:.4f} |" if losses else " - |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train the same GLM with (a) the original upstream under glm-mock, (b) the migrated upstream "
+        "and (c) glm_port, and print samples/s, tokens/s, peak memory (and MFU on a GPU) with the ratios to (a).",
+        epilog="CPU shapes: tiny (2 layers, hidden 64, 4 heads, seq 128, batch 4), base (6 layers, hidden 256, "
+        "8 heads, seq 256, batch 8). GPU shape: large = GLM-Large (24 layers, hidden 1024, 16 heads, seq 512, "
+        "batch 8 and 16). Logs of every run stay in --workdir.",
+    )
+    parser.add_argument("--upstream", type=Path, metavar="GLM",
+                        help="THUDM/GLM checkout (copied, never modified); without it only glm_port runs")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES),
+                        help="model shapes (default: tiny base on CPU, large on a GPU)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", help="override the shapes' batch sizes")
+    parser.add_argument("--precisions", nargs="+", choices=("fp32", "half"),
+                        help="fp32, and/or half = upstream --fp16 vs glm_port --bf16 (default: fp32 on CPU, "
+                        "both on a GPU)")
+    parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
+                        help="which of the three to run (those needing --upstream are skipped without it)")
+    parser.add_argument("--iters", type=int, default=8, help="training iterations per run (default 8)")
+    parser.add_argument("--warmup", type=int, default=2, help="first iterations left out of the median (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions of every run (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS for every run (default: 1 on CPU, as the selfcheck runs upstream)")
+    parser.add_argument("--peak-tflops", type=float, default=790.0,
+                        help="the GPU's dense bf16 TFLOP/s for MFU (default 790, an H100 SXM as measured)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
+    parser.add_argument("--workdir", type=Path, help="scratch directory for the trees and logs")
+    args = parser.parse_args(argv)
+    if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
+        parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
+    if args.iters <= args.warmup:
+        parser.error(f"--iters {args.iters} must exceed --warmup {args.warmup}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    args.shapes = args.shapes or (["large"] if cuda else ["tiny", "base"])
+    args.precisions = args.precisions or (["fp32", "half"] if cuda else ["fp32"])
+    if args.threads is None and not cuda:
+        args.threads = 1
+    bench = Bench(args, cuda)
+    runners = [r for r in bench.runners() if r in args.runners]
+    cases = [Case(SHAPES[s], b, p) for s in args.shapes for b in (args.batch_sizes or SHAPES[s].batches)
+             for p in args.precisions]  # fmt: skip
+    device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores, OMP_NUM_THREADS={args.threads}"
+    print(f"{device}; torch {torch.__version__}; {args.iters} iterations per run, median after {args.warmup}, "
+          f"{args.rounds} round(s); logs in {bench.workdir}")  # fmt: skip
+    jobs = [(case, round_, runner) for case in cases for round_ in range(args.rounds)
+            for runner in runners[round_ % len(runners):] + runners[:round_ % len(runners)]]  # fmt: skip
+    results = {case: {r: Measured() for r in runners} for case in cases}
+    start = time.perf_counter()
+    for case, round_, runner in tqdm(jobs, desc="pretrain bench", unit="run"):
+        results[case][runner].runs.append(bench.run(runner, case, round_))
+        if all(len(m.runs) == args.rounds for m in results[case].values()):  # the case is complete
+            tqdm.write("\n" + report(case, results[case], args, cuda))
+    print(f"\n{len(jobs)} runs in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""Run a Python script as ``__main__`` and print its peak memory when it exits.
+
+    python bench/peak_memory.py SCRIPT [ARGS...]
+    python bench/peak_memory.py -m MODULE [ARGS...]
+
+The last line of output is ``peak memory (MiB): rss R | cuda C``: R is the process's peak resident
+set (``ru_maxrss``), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
+bench/pretrain.py measure upstream's scripts, which report no memory of their own, unmodified.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+import runpy
+import sys
+
+
+def report() -> None:
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    cuda = "-"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = f"{torch.cuda.max_memory_allocated() / 2**20:.1f}"
+    print(f"peak memory (MiB): rss {rss_mib:.1f} | cuda {cuda}", flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or (sys.argv[1] == "-m" and len(sys.argv) < 3):
+        sys.exit("usage: python bench/peak_memory.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    atexit.register(report)
+    if sys.argv[1] == "-m":
+        module = sys.argv[2]
+        sys.argv = [module, *sys.argv[3:]]
+        sys.path[0] = os.getcwd()  # as `python -m MODULE` would set it
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    script = sys.argv[1]
+    if not os.path.isfile(script):
+        sys.exit(f"peak_memory: {script}: no such file")
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would set it
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
