@@ -8,9 +8,11 @@ tree is checked statically (no apex import left, no ``mpu.vocab_parallel_cross_e
 call outside ``mpu/``, every file compiles, data files byte for byte, a second
 migration changes nothing). Then, for each mode, upstream's ``pretrain_glm.py``
 trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
-the original under ``glm-mock``, the migrated tree with no mock. The ``lm loss``
+the original under ``glm-mock``, the migrated tree with no mock and with apex and
+DeepSpeed unimportable (``migrate.without``), installed or not. The ``lm loss``
 each prints per iteration (``X.XXXXXXE+00``, 7 significant digits) must agree
 within ``--rtol``; a table shows both, and the time per iteration of each.
+Last, the migrated ``mpu/tests`` scripts run under torchrun with two processes.
 
 Modes: ``1`` one process; ``dp2`` two processes under torchrun (data parallel);
 ``tp2`` two processes with ``--model-parallel-size 2`` (tensor parallel).
@@ -40,6 +42,9 @@ MODES = {"1": (1, 1), "dp2": (2, 1), "tp2": (2, 2)}  # name -> (processes, model
 MODE_TITLES = {"1": "one process", "dp2": "torchrun 2, data parallel", "tp2": "torchrun 2, --model-parallel-size 2"}
 # Dropout off so both runs draw nothing random after initialisation; everything else as the mock's selfcheck.
 EXTRA_FLAGS = ["--hidden-dropout", "0", "--attention-dropout", "0"]
+# The migrated tree runs with these made unimportable (migrate.without), installed or not.
+ABSENT = "apex,amp_C,deepspeed"
+PORTED_LAUNCH = ["-m", "migrate.without", ABSENT, "pretrain_glm.py"]
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
@@ -137,8 +142,9 @@ def ported_env() -> dict:
     return env
 
 
-def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, extra: list[str] = ()) -> Run:
-    """``pretrain_glm.py`` with the tiny flags in ``tree``, as ``mode`` says; its printed losses."""
+def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, launch: list[str], extra=()) -> Run:
+    """``launch`` (``pretrain_glm.py``, or a runner module and its arguments before it) with the
+    tiny flags in ``tree``, as ``mode`` says; its printed losses and times."""
     nproc, model_parallel = MODES[mode]
     flags = list(selfcheck.PRETRAIN_FLAGS)
     flags[flags.index("--model-parallel-size") + 1] = str(model_parallel)
@@ -147,14 +153,32 @@ def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, extra: 
     env = dict(env)
     if nproc == 1:
         env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        cmd = [sys.executable, "pretrain_glm.py", *flags]
+        cmd = [sys.executable, *launch, *flags]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_addr", "127.0.0.1", "--master_port", port, "pretrain_glm.py", *flags]  # fmt: skip
+               "--master_addr", "127.0.0.1", "--master_port", port, *launch, *flags]  # fmt: skip
     log = tree.parent / f"{tree.name}.{mode}.log"
     code, text = selfcheck._run(cmd, tree, env, log, timeout)
     losses = [float(x) for x in selfcheck.LOSS.findall(text)]
     return Run(code, losses, [float(x) for x in ELAPSED.findall(text)], log)
+
+
+def mpu_test(tree: Path, script: str, timeout: int) -> tuple[str, str]:
+    """(status, detail) of one migrated ``mpu/tests`` script under torchrun, 2 processes, no mock.
+    Status as the mock's selfcheck: PASS, FAIL, or UPSTREAM (fails on upstream itself, any hardware)."""
+    env = ported_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(tree), env["PYTHONPATH"]))  # the scripts import `mpu` from the root
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(selfcheck.free_port()), "-m", "migrate.without", ABSENT, f"mpu/tests/{script}"]  # fmt: skip
+    log = tree.parent / f"{tree.name}.mpu_{Path(script).stem}.log"
+    code, text = selfcheck._run(cmd, tree, env, log, timeout)
+    passed = text.count(">> passed the test")
+    if code == 0:
+        return "PASS", f"{passed} '>> passed the test' lines"
+    defect = selfcheck.UPSTREAM_DEFECTS.get(script)
+    if defect and defect in text:
+        return "UPSTREAM", f"{defect} (upstream's own; after {passed} '>> passed the test' lines)"
+    return "FAIL", f"exit code {code} (log: {log})"
 
 
 def prepare(upstream: Path, workdir: Path, vocab: Path) -> tuple[Path, Path]:
@@ -193,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20, help="training iterations per run (default 20)")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                    help="1: one process; dp2: torchrun, 2 data-parallel ranks; tp2: --model-parallel-size 2")
+    p.add_argument("--no-mpu-tests", action="store_true", help="skip the migrated mpu/tests scripts")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per printed loss (default 1e-4)")
     p.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
                    help=f"the {selfcheck.VOCAB_NAME} to use if the checkout lacks one")
@@ -218,12 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     mocked = selfcheck._mock_env("")
     comparisons = []
     for mode in tqdm(args.modes, desc="verify", unit="mode"):
-        orig_run = pretrain(original, mocked, mode, args.iters, args.timeout)
-        port_run = pretrain(ported, ported_env(), mode, args.iters, args.timeout)
+        orig_run = pretrain(original, mocked, mode, args.iters, args.timeout, ["pretrain_glm.py"])
+        port_run = pretrain(ported, ported_env(), mode, args.iters, args.timeout, PORTED_LAUNCH)
         comparisons.append(Comparison(mode, orig_run, port_run, args.rtol))
         tqdm.write(table(comparisons[-1]) + "\n")
     failed = [c.mode for c in comparisons if not c.ok]
-    print(f"{len(comparisons) - len(failed)} of {len(comparisons)} modes match"
+    scripts = [] if args.no_mpu_tests else selfcheck.MPU_TESTS
+    for script in tqdm(scripts, desc="mpu/tests", unit="script"):
+        status, detail = mpu_test(ported, script, args.timeout)
+        tqdm.write(f"{status:<8}  migrated mpu/tests/{script} (torchrun 2, no mock): {detail}")
+        if status == "FAIL":
+            failed.append(f"mpu/tests/{script}")
+    matched = sum(c.ok for c in comparisons)
+    print(f"{matched} of {len(comparisons)} modes match"
           + (f"; failing: {', '.join(failed)}" if failed else "") + f"; logs in {workdir}")  # fmt: skip
     return 1 if failed or problems else 0
 
