@@ -187,6 +187,7 @@ class GLMModel(nn.Module):
 
     ``attention_mask`` is the ``sep`` form (``[b]`` or a scalar) or the full form ``[b, 1, q, m + q]``.
     ``position_ids`` is ``[b, 2, s]`` (position, block position) with 2D positions, else ``[b, s]``.
+    ``logit_positions`` (boolean ``[b, s]``) limits the logits to those positions, flattened: ``[n, V]``.
     """
 
     def __init__(self, config: GLMConfig, tp: TensorParallel | None = None):
@@ -201,9 +202,13 @@ class GLMModel(nn.Module):
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
         self.register_load_state_dict_pre_hook(_strip_hf_prefix)
 
-    def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False):
+    def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False, logit_positions=None):
         hidden = self.word_embeddings(input_ids)
         hidden, new_mems = self.transformer(hidden, position_ids, attention_mask, mems, return_memory=return_memory)
+        if logit_positions is not None:
+            # Boolean [b, s]: logits [n, V] for the n selected positions only. Training counts the loss
+            # of Part B alone, so the vocabulary projection and the loss skip most of the sequence.
+            hidden = hidden[logit_positions]
         # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.
         logits = self.tp.tied_logits(hidden, self.word_embeddings)
         return (logits, *new_mems)

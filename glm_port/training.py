@@ -108,9 +108,11 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     ``loss_to_backprop`` is scaled so that DDP's gradient *mean* over ``dp_size`` ranks equals the
     gradient of that global loss.
     """
-    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"])
-    losses = F.sparse_softmax_cross_entropy(logits, batch["target"], process_group=parallel_group)
-    loss_mask = batch["loss_mask"].to(losses.dtype)
+    # Positions with a zero mask add nothing to the loss nor to any gradient: project only the others.
+    counted = batch["loss_mask"] != 0
+    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
+    losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
+    loss_mask = batch["loss_mask"][counted].to(losses.dtype)
     local_sum = (losses * loss_mask).sum()
     global_sum, global_count = _sum_over(dp_group, local_sum, loss_mask.sum())
     denominator = global_count.clamp(min=1.0)  # upstream: divide only when the mask is not empty
