@@ -1,8 +1,9 @@
-"""Parallelism is invisible in the math: glm-pretrain on 2 ranks logs what one process logs.
+"""Parallelism is invisible in the math: glm-pretrain on several ranks logs what one process logs.
 
 fp32, no dropout. Data parallel 2 at --batch-size b == one process at 2b (same samples, same order);
-tensor parallel 2 == one process. Both runs happen in ONE launch of two gloo ranks (forked, so no
-re-import), each calling glm-pretrain's ``main`` as torchrun would.
+tensor parallel 2 == one process; both together on 4 ranks == one process at 2b. The runs of one
+world size share ONE launch of gloo ranks (forked, so no re-import), each calling glm-pretrain's
+``main`` as torchrun would.
 """
 
 import contextlib
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor  # noqa: F401  (tensor-parallel optimizer state holds DTensors)
 import torch.multiprocessing as mp
 
 from glm_port.pretrain_glm import main
@@ -24,9 +26,10 @@ from glm_port.pretrain_glm import main
 COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
           "--train-iters", "4", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
           "--lr", "3e-3"]
-RUNS = {  # name: (argv of each of the 2 ranks, argv of the one-process run)
-    "data_parallel": (["--batch-size", "2"], ["--batch-size", "4"]),
-    "tensor_parallel": (["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
+RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
+    "data_parallel": (2, ["--batch-size", "2"], ["--batch-size", "4"]),
+    "tensor_parallel": (2, ["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
+    "tensor_and_data_parallel": (4, ["--batch-size", "2", "--model-parallel-size", "2"], ["--batch-size", "4"]),
 }
 SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
 TIMEOUT_S = 240
@@ -37,13 +40,15 @@ def logged_losses(text: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
 
 
-def _rank_main(rank, port, out_dir):
+def _rank_main(rank, world_size, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2")
+                      WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    for name, (argv, _) in RUNS.items():
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    for name, (world, argv, _) in RUNS.items():
+        if world != world_size:
+            continue
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -51,25 +56,32 @@ def _rank_main(rank, port, out_dir):
         except BaseException:
             out.write("FAILED\n" + traceback.format_exc())
         Path(out_dir, f"{name}.{rank}.txt").write_text(out.getvalue())
-    with contextlib.redirect_stdout(io.StringIO()):
-        main([*COMMON, *SAVE_TP, str(Path(out_dir, "tp_checkpoint"))])
+    if world_size == 2:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main([*COMMON, *SAVE_TP, str(Path(out_dir, "tp_checkpoint"))])
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_rank_logs():
+def _launch(world_size: int, out_dir: str) -> None:
     assert not dist.is_initialized()
     # The store is bound here, on a port the OS picks, so no other test can take it in between.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = mp.start_processes(_rank_main, args=(world_size, store.port, out_dir), nprocs=world_size,
+                                 start_method="fork", join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{world_size}-rank glm-pretrain did not finish within {TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="module")
+def rank_logs():
+    """Logs of every run, by ``name.rank.txt``, and the two shards the 2-rank tensor-parallel run saved."""
     with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(_rank_main, args=(store.port, out_dir), nprocs=2, start_method="fork",
-                                     join=False)
-        deadline = time.monotonic() + TIMEOUT_S
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"two-rank glm-pretrain did not finish within {TIMEOUT_S} s")
+        for world_size in sorted({world for world, _, _ in RUNS.values()}):
+            _launch(world_size, out_dir)
         logs = {p.name: p.read_text() for p in Path(out_dir).glob("*.txt")}
         checkpoint = Path(out_dir, "tp_checkpoint", "2")
         shards = [torch.load(checkpoint / f"mp_rank_{r:02d}_model_states.pt", weights_only=True)["module"]
@@ -78,14 +90,16 @@ def two_rank_logs():
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_two_ranks_log_the_losses_of_one_process(name, two_rank_logs, capsys):
-    two_rank_logs, _ = two_rank_logs
-    for rank in (0, 1):
-        assert "FAILED" not in two_rank_logs[f"{name}.{rank}.txt"], two_rank_logs[f"{name}.{rank}.txt"]
-    assert logged_losses(two_rank_logs[f"{name}.1.txt"]) == {}  # only rank 0 logs
-    parallel = logged_losses(two_rank_logs[f"{name}.0.txt"])
+def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
+    logs, _ = rank_logs
+    world_size, _, single_argv = RUNS[name]
+    for rank in range(world_size):
+        assert "FAILED" not in logs[f"{name}.{rank}.txt"], logs[f"{name}.{rank}.txt"]
+        if rank:
+            assert logged_losses(logs[f"{name}.{rank}.txt"]) == {}  # only rank 0 logs
+    parallel = logged_losses(logs[f"{name}.0.txt"])
 
-    main([*COMMON, *RUNS[name][1]])
+    main([*COMMON, *single_argv])
     single = logged_losses(capsys.readouterr().out)
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for iteration, loss in single.items():
@@ -93,10 +107,10 @@ def test_two_ranks_log_the_losses_of_one_process(name, two_rank_logs, capsys):
     assert single[4] != single[1]  # it trained
 
 
-def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(two_rank_logs, tmp_path, capsys):
+def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(rank_logs, tmp_path, capsys):
     """mp_rank_00/01 hold Megatron's shards: QKV per third, h->4h and embeddings by rows, dense and
     4h->h by columns; they reassemble into the one-process weights after the same two steps."""
-    _, shards = two_rank_logs
+    _, shards = rank_logs
     main([*COMMON, "--batch-size", "4", "--train-iters", "2", "--save", str(tmp_path)])
     capsys.readouterr()
     single = torch.load(tmp_path / "2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
