@@ -183,6 +183,7 @@ def write_tree(results: list[Result], root: Path, dst: Path, extra: dict[str, st
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
+        shutil.copymode(root, staging)  # mkdtemp makes it private (0700); DST keeps SRC's mode
         for r in results:
             target = staging / r.relpath
             target.parent.mkdir(parents=True, exist_ok=True)

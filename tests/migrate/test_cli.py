@@ -59,6 +59,12 @@ def test_tree_migrates_to_the_expected_tree(src, tmp_path):
     assert "process_group=mpu.get_model_parallel_group()" in change["after"]
 
 
+def test_destination_keeps_the_source_trees_mode(src, tmp_path):
+    src.chmod(0o750)
+    assert main([str(src), "-o", str(tmp_path / "out"), "-q", "-j", "1"]) == 0
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750
+
+
 def test_bytecode_caches_are_left_behind(src, tmp_path):
     (src / "mpu" / "__pycache__").mkdir()
     (src / "mpu" / "__pycache__" / "grads.cpython-311.pyc").write_bytes(b"stale")
