@@ -1,5 +1,7 @@
 """Training-step speed of glm_port's GLM: SDPA vs upstream's explicit masked attention, fused vs foreach AdamW.
 
+First the attention alone (forward + backward with GLM's sep mask), then whole training steps.
+
     python bench/glm_port_step.py                  # small GLM on the active device (shim.device())
     python bench/glm_port_step.py --hidden-size 1024 --num-layers 24 --seq-length 512 --batch-size 4   # GLM-Large
 
@@ -16,6 +18,7 @@ import time
 
 import shim as torch
 from glm_port import GLMConfig, GLMModel
+from glm_port.attention import ATTENTION_IMPLS, visibility_mask
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
 
 
@@ -36,6 +39,23 @@ def synthetic_batch(batch: int, seq: int, vocab: int, device) -> dict:
 def _synchronize(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_attention(impl, batch: int, heads: int, seq: int, head_dim: int, device, steps: int, warmup: int,
+                   dtype) -> float:
+    sep = torch.randint(seq // 4, seq, (batch,), generator=torch.Generator().manual_seed(0)).to(device)
+    visible = visibility_mask(sep, batch, seq)
+    times = []
+    for step in range(warmup + steps):
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        _synchronize(device)
+        start = time.perf_counter()
+        ATTENTION_IMPLS[impl](q, k, v, visible).sum().backward()
+        _synchronize(device)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def time_steps(config: GLMConfig, batch: dict, device, steps: int, warmup: int, fused: bool, dtype) -> float:
@@ -76,6 +96,15 @@ def main() -> None:
                      num_attention_heads=args.num_attention_heads, max_sequence_length=args.seq_length)
     batch = synthetic_batch(args.batch_size, args.seq_length, args.vocab_size, device)
     tokens = args.batch_size * args.seq_length
+    print(f"attention forward+backward, sep mask, {args.num_attention_heads} heads, "
+          f"head dim {args.hidden_size // args.num_attention_heads}")
+    explicit = None
+    for impl in ("explicit", "sdpa"):
+        seconds = time_attention(impl, args.batch_size, args.num_attention_heads, args.seq_length,
+                                 args.hidden_size // args.num_attention_heads, device, args.steps, args.warmup,
+                                 dtype)
+        explicit = explicit or seconds
+        print(f"  {impl:<50} {seconds * 1e3:9.1f} ms   x{explicit / seconds:.2f}")
     variants = [
         ("explicit attention, foreach AdamW (upstream's math)", "explicit", False),
         ("explicit attention, fused AdamW", "explicit", True),
