@@ -188,7 +188,7 @@ def _logsumexp_rows(logits_2d, at=None):
     if logits_2d.is_cuda:
         return _logsumexp_cuda(logits_2d)
     work = _work_dtype(logits_2d.dtype)
-    lse = torch.empty(logits_2d.shape[0], dtype=work)
+    lse = torch.empty(logits_2d.shape[0], dtype=work, device=logits_2d.device)
     step = _rows_per_block(logits_2d.shape[1])
     for start in range(0, logits_2d.shape[0], step):
         rows = slice(start, start + step)
