@@ -1,0 +1,169 @@
+"""What each speed lever buys glm_port's training step, added one at a time from upstream's math.
+
+    python bench/pretrain_levers.py                 # CPU shapes tiny and base, fp32
+    python bench/pretrain_levers.py --shapes large --bf16 --batch-size 8    # on a GPU
+
+Row 0 is glm_port computing what upstream computes, the way upstream computes it: explicit masked
+attention, bias + GELU and bias + dropout + residual as separate ops, ``F.cross_entropy`` on fp32
+logits of every position, foreach AdamW. Each later row adds one lever to the row above. Steps run in
+this process on real blank-infilling batches (upstream's test corpus, BERT WordPiece, bert_prob 1.0,
+dropout 0.1), the same batches for every row; the figure is the median step time after ``--warmup``.
+Rows alternate over ``--rounds`` and the median over rounds is reported, for loaded machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+# bench/ first on sys.path would let the sibling bench/migrate.py shadow the migrate package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import shim as torch  # noqa: E402
+import shim.nn.functional as F  # noqa: E402
+from glm_port import GLMConfig, GLMModel, data  # noqa: E402
+from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss  # noqa: E402
+from migrate.mock import selfcheck  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pretrain import SHAPES  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Levers:
+    sdpa: bool = False
+    fused_elementwise: bool = False
+    fused_cross_entropy: bool = False
+    fused_adamw: bool = False
+    loss_positions_only: bool = False
+
+
+STEPS = [
+    ("0. upstream's math (explicit attention, composed ops, fp32 CE, foreach AdamW)", Levers()),
+    ("1. + SDPA with the sep mask", Levers(sdpa=True)),
+    ("2. + fused bias+GELU, bias+dropout+residual", Levers(sdpa=True, fused_elementwise=True)),
+    ("3. + sparse_softmax_cross_entropy (one logits-sized buffer)",
+     Levers(sdpa=True, fused_elementwise=True, fused_cross_entropy=True)),
+    ("4. + fused AdamW", Levers(sdpa=True, fused_elementwise=True, fused_cross_entropy=True, fused_adamw=True)),
+    ("5. + logits only where the loss counts (glm-pretrain)", Levers(True, True, True, True, True)),
+]  # fmt: skip
+
+
+def _composed_bias_gelu(x, bias, approximate="tanh"):
+    return F.gelu(x + bias, approximate=approximate)
+
+
+def _composed_bias_dropout(x, bias, p, training=True, residual=None):
+    out = F.dropout(x + bias, p, training)
+    return out if residual is None else out + residual
+
+
+@contextlib.contextmanager
+def composed_elementwise():
+    """shim's fused bias ops swapped for the composed forms upstream writes, for the duration."""
+    saved = F.fused_bias_add_gelu, F.fused_bias_add_dropout
+    F.fused_bias_add_gelu, F.fused_bias_add_dropout = _composed_bias_gelu, _composed_bias_dropout
+    try:
+        yield
+    finally:
+        F.fused_bias_add_gelu, F.fused_bias_add_dropout = saved
+
+
+def full_logits_loss(model, batch, fused_cross_entropy: bool):
+    """Upstream's order: logits for every position, per-position loss, then the mask."""
+    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"])
+    if fused_cross_entropy:
+        losses = F.sparse_softmax_cross_entropy(logits, batch["target"])
+    else:
+        losses = F.cross_entropy(logits.float().flatten(0, 1), batch["target"].flatten(), reduction="none")
+    mask = batch["loss_mask"].flatten()
+    return (losses.flatten() * mask).sum() / mask.sum()
+
+
+def step(model, batch, optimizer, precision, levers: Levers) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    with precision.autocast():
+        if levers.loss_positions_only:
+            loss, _ = lm_loss(model, batch)
+        else:
+            loss = full_logits_loss(model, batch, levers.fused_cross_entropy)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int) -> float:
+    torch.manual_seed(0)
+    model = GLMModel(config.replace(attention_impl="sdpa" if levers.sdpa else "explicit")).to(device).train()
+    optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = (True, False) if levers.fused_adamw else (False, True)
+    precision = Precision(device, dtype)
+    times = []
+    with contextlib.nullcontext() if levers.fused_elementwise else composed_elementwise():
+        for i, batch in zip(range(warmup + steps), batches):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            step(model, batch, optimizer, precision, levers)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=["tiny", "base"])
+    parser.add_argument("--batch-size", type=int, help="override the shapes' (first) batch size")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per row and round (default 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions (default 1)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the GPU configuration)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
+    args = parser.parse_args(argv)
+
+    device = torch.device()
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    selfcheck.ensure_corpus(selfcheck.DEFAULT_VOCAB)
+    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(selfcheck.DEFAULT_VOCAB))
+    print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
+          f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
+    for name in args.shapes:
+        shape = SHAPES[name]
+        batch_size = args.batch_size or shape.batches[0]
+        config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
+                           num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
+        stream = data.build_train_batches([selfcheck.CORPUS], tokenizer, seq_length=shape.seq, batch_size=batch_size,
+                                          seed=1234, masker_kwargs={"bert_prob": 1.0})  # fmt: skip
+        batches = [{k: v.to(device) for k, v in next(stream).items()} for _ in range(args.warmup + args.steps)]
+        counted = sum(b["loss_mask"].sum().item() for b in batches) / sum(b["loss_mask"].numel() for b in batches)
+        seconds = {label: [] for label, _ in STEPS}
+        jobs = [(r, STEPS[(i + r) % len(STEPS)]) for r in range(args.rounds) for i in range(len(STEPS))]
+        for _, (label, levers) in tqdm(jobs, desc=name, unit="row", leave=False):
+            seconds[label].append(time_levers(config, itertools.cycle(batches), levers, device, dtype, args.steps,
+                                              args.warmup))  # fmt: skip
+        tokens = batch_size * shape.seq
+        print(f"\n{name}: {shape.layers} layers, hidden {shape.hidden}, seq {shape.seq}, batch {batch_size}; "
+              f"the loss counts {counted:.0%} of the positions")  # fmt: skip
+        print(f"| lever | ms/step | tokens/s | vs row 0 |\n| --- | --- | --- | --- |")
+        base = statistics.median(seconds[STEPS[0][0]])
+        for label, _ in STEPS:
+            s = statistics.median(seconds[label])
+            print(f"| {label} | {s * 1e3:.1f} | {tokens / s:.0f} | {base / s:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
