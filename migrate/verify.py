@@ -96,6 +96,9 @@ def static_problems(src: Path, dst: Path) -> list[str]:
         rel = path.relative_to(dst)
         if not path.is_file() or rel.name in ("migration_report.json", "MIGRATION_REPORT.md"):
             continue
+        if not (src / rel).is_file():
+            problems.append(f"{rel}: not in the original")
+            continue
         if path.suffix != ".py":
             if path.read_bytes() != (src / rel).read_bytes():
                 problems.append(f"{rel}: data file differs from the original")
@@ -113,16 +116,20 @@ def static_problems(src: Path, dst: Path) -> list[str]:
                 problems.append(f"{rel}:{node.lineno}: apex import left")
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex" and not node.level:
                 problems.append(f"{rel}:{node.lineno}: apex import left")
-            elif (isinstance(node, ast.Attribute) and node.attr == "vocab_parallel_cross_entropy"
+            elif (isinstance(node, ast.Call) and _called_name(node) == "vocab_parallel_cross_entropy"
                   and rel.parts[0] != "mpu"):  # fmt: skip
                 problems.append(f"{rel}:{node.lineno}: vocab_parallel_cross_entropy call left outside mpu/")
-    missing = sorted(str(p.relative_to(src)) for p in src.rglob("*")
-                     if p.is_file() and "__pycache__" not in p.parts and not (dst / p.relative_to(src)).exists())  # fmt: skip
-    problems += [f"{rel}: not in the migrated tree" for rel in missing]
+    originals = (p.relative_to(src) for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    problems += [f"{rel}: not in the migrated tree" for rel in sorted(originals) if not (dst / rel).exists()]
     _, _, again = migrate_tree(Options(src=dst, quiet=True))
     if again["changes"]:
         problems.append(f"a second migration would make {again['changes']} more changes")
     return problems
+
+
+def _called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def _compiles(path: Path) -> bool:
@@ -168,8 +175,9 @@ def mpu_test(tree: Path, script: str, timeout: int) -> tuple[str, str]:
     Status as the mock's selfcheck: PASS, FAIL, or UPSTREAM (fails on upstream itself, any hardware)."""
     env = ported_env()
     env["PYTHONPATH"] = os.pathsep.join((str(tree), env["PYTHONPATH"]))  # the scripts import `mpu` from the root
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(selfcheck.free_port()), "-m", "migrate.without", ABSENT, f"mpu/tests/{script}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(selfcheck.free_port()),
+           "-m", "migrate.without", ABSENT, f"mpu/tests/{script}"]  # fmt: skip
     log = tree.parent / f"{tree.name}.mpu_{Path(script).stem}.log"
     code, text = selfcheck._run(cmd, tree, env, log, timeout)
     passed = text.count(">> passed the test")

@@ -75,7 +75,10 @@ def test_a_loss_off_by_more_than_the_tolerance_is_named():
 
 def test_missing_iterations_and_failed_runs_are_mismatches():
     comparison = verify.Comparison("tp2", _run([10.0, 9.0], code=1), _run([10.0]), rtol=1e-4)
-    assert comparison.problems == ["original exited with 1 (log: x.log)", "2 loss lines in the original, 1 in the ported run"]
+    assert comparison.problems == [
+        "original exited with 1 (log: x.log)",
+        "2 loss lines in the original, 1 in the ported run",
+    ]
 
 
 def test_table_lists_every_iteration_and_the_speed_ratio():
@@ -119,18 +122,20 @@ def test_static_checks_name_each_problem(tmp_path):
         "train.py": "import mpu\nfrom apex.optimizers import FusedAdam\nloss = mpu.vocab_parallel_cross_entropy(x, y)\n",
         "model.py": "import apex.normalization\ndef broken(:\n",
         "config/ds.json": b'{"train_batch_size": 8}\n',
+        "new.txt": "not from the original\n",
     })
     (tmp_path / "src" / "model.py").write_text("import apex.normalization\n")
     (tmp_path / "src" / "extra.txt").write_text("left behind\n")
     problems = verify.static_problems(src, dst)
-    assert problems[:4] == [
+    assert problems[:5] == [
         "config/ds.json: data file differs from the original",
         "model.py: does not compile: invalid syntax (line 2)",
+        "new.txt: not in the original",
         "train.py:2: apex import left",
         "train.py:3: vocab_parallel_cross_entropy call left outside mpu/",
     ]
-    assert problems[4] == "extra.txt: not in the migrated tree"
-    assert problems[5].startswith("a second migration would make ")
+    assert problems[5] == "extra.txt: not in the migrated tree"
+    assert problems[6].startswith("a second migration would make ")
 
 
 def test_without_makes_packages_unimportable_for_the_script(tmp_path):
