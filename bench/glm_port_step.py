@@ -6,7 +6,8 @@ First the attention alone (forward + backward with GLM's sep mask), then whole t
     python bench/glm_port_step.py --hidden-size 1024 --num-layers 24 --seq-length 512 --batch-size 4   # GLM-Large
 
 Each variant trains on the same synthetic blank-infilling batches (the shapes of glm_port.data);
-the table reports the median step time over ``--steps`` after ``--warmup`` steps, and tokens/s.
+the variants take turns step by step; the table reports each one's median step time over ``--steps``
+after ``--warmup`` steps, and tokens/s.
 On a shared machine run it a few times: the medians move with the load.
 """
 
@@ -58,23 +59,29 @@ def time_attention(impl, batch: int, heads: int, seq: int, head_dim: int, device
     return statistics.median(times)
 
 
-def time_steps(config: GLMConfig, batch: dict, device, steps: int, warmup: int, fused: bool, dtype) -> float:
+def build(config: GLMConfig, device, fused: bool, dtype):
     torch.manual_seed(0)
     model = GLMModel(config).to(device)
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
     if not fused:
         for group in optimizer.param_groups:
             group["fused"], group["foreach"] = False, True
-    precision = Precision(device, dtype)
-    times = []
+    return model, optimizer, scheduler, Precision(device, dtype)
+
+
+def time_steps(runs: list, batch: dict, device, steps: int, warmup: int) -> list[float]:
+    """Median step time of each run; the runs take turns step by step, so load drifts hit all alike."""
+    times = [[] for _ in runs]
     for step in range(warmup + steps):
-        _synchronize(device)
-        start = time.perf_counter()
-        train_step(model, [batch], optimizer, scheduler, precision)
-        _synchronize(device)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for run, run_times in zip(runs, times):
+            _synchronize(device)
+            start = time.perf_counter()
+            model, optimizer, scheduler, precision = run
+            train_step(model, [batch], optimizer, scheduler, precision)
+            _synchronize(device)
+            if step >= warmup:
+                run_times.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -113,12 +120,10 @@ def main() -> None:
     print(f"device {device}, {dtype}, layers {args.num_layers}, hidden {args.hidden_size}, "
           f"seq {args.seq_length}, batch {args.batch_size}, vocab {args.vocab_size}")
     print(f"{'variant':<52} {'ms/step':>9} {'tokens/s':>10}")
-    baseline = None
-    for name, attention, fused in variants:
-        seconds = time_steps(base.replace(attention_impl=attention), batch, device, args.steps, args.warmup,
-                             fused, dtype)
-        baseline = baseline or seconds
-        print(f"{name:<52} {seconds * 1e3:9.1f} {tokens / seconds:10.0f}   x{baseline / seconds:.2f}")
+    runs = [build(base.replace(attention_impl=attention), device, fused, dtype) for _, attention, fused in variants]
+    medians = time_steps(runs, batch, device, args.steps, args.warmup)
+    for (name, _, _), seconds in zip(variants, medians):
+        print(f"{name:<52} {seconds * 1e3:9.1f} {tokens / seconds:10.0f}   x{medians[0] / seconds:.2f}")
 
 
 if __name__ == "__main__":
