@@ -5,6 +5,8 @@ import types
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shim.nn.functional as F
 from shim.ops import cross_entropy
@@ -213,3 +215,30 @@ def test_row_logsumexp_kernel_on_extreme_rows(dtype, monkeypatch):
     logits = logits.to(dtype)
     expected = torch.logsumexp(logits.double(), dim=1)
     torch.testing.assert_close(cross_entropy._logsumexp_rows(logits).double(), expected, rtol=1e-6, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    vocab=st.integers(1, 300),
+    scale=st.sampled_from([1e-3, 1.0, 50.0]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    rows_per_block=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_any_shape_scale_and_blocking_matches_formula(rows, vocab, scale, dtype, rows_per_block, seed):
+    generator = torch.Generator().manual_seed(seed)
+    logits = (scale * torch.randn(rows, vocab, generator=generator, dtype=torch.float64)).to(dtype)
+    labels = torch.randint(0, vocab, (rows,), generator=generator)
+    weights = torch.rand(rows, generator=generator, dtype=torch.float64)
+    original = cross_entropy._BLOCK_ELEMENTS
+    cross_entropy._BLOCK_ELEMENTS = rows_per_block * vocab
+    try:
+        loss_weights = weights if dtype == torch.float64 else weights.float()
+        loss, grad = loss_and_grad(F.sparse_softmax_cross_entropy, logits, labels, loss_weights)
+    finally:
+        cross_entropy._BLOCK_ELEMENTS = original
+    ref_loss, ref_grad = loss_and_grad(mpu_formula, logits.double(), labels, weights)
+    grad_tol = torch.finfo(dtype).eps if dtype != torch.float64 else 1e-12
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-6, atol=1e-5 * scale)
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=0, atol=grad_tol)
