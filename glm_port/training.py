@@ -73,14 +73,15 @@ def build_optimizer(model, settings: OptimizerSettings):
 
 
 class Precision:
-    """fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling (upstream's default for --fp16)."""
+    """fp32, bf16 autocast, or fp16 autocast with loss scaling: dynamic (upstream's default for --fp16:
+    start at 2**32, halve on overflow, double after 1000 clean steps) or static (``--loss-scale``: never
+    grows; unlike upstream, a step with inf/NaN gradients is still skipped and halves it)."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None):
         self.device, self.dtype = device, dtype
-        fp16 = dtype == torch.float16
-        init_scale = loss_scale or 2.0**32  # upstream's DynamicLossScaler starts at 2**32
         self.scaler = torch.amp.GradScaler(
-            device.type, init_scale=init_scale, enabled=fp16, growth_interval=1000 if loss_scale is None else 10**12
+            device.type, init_scale=loss_scale or 2.0**32, growth_interval=1000 if loss_scale is None else 2**31 - 1,
+            enabled=dtype == torch.float16,
         )
 
     def autocast(self):

@@ -151,7 +151,16 @@ def test_bf16_autocast_trains():
     assert precision.loss_scale is None
 
 
-def test_fp16_uses_dynamic_loss_scaling():
-    precision = Precision(torch.device("cpu"), torch.float16)
-    assert precision.loss_scale == 2.0**32
-    assert Precision(torch.device("cpu"), torch.float16, loss_scale=128.0).loss_scale == 128.0
+def test_fp16_loss_scaling_dynamic_and_static():
+    torch.manual_seed(0)
+    model = GLMModel(TINY)
+    optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-2, warmup=0.0, decay_iters=10))
+    dynamic = Precision(torch.device("cpu"), torch.float16)
+    assert dynamic.loss_scale == 2.0**32
+    train_step(model, [synthetic_batch()], optimizer, scheduler, dynamic)
+    assert dynamic.loss_scale < 2.0**32  # 2**32 overflows fp16 gradients: the step is skipped, the scale halves
+    assert optimizer.param_groups[0]["lr"] == 1e-2 and scheduler.last_epoch == 0  # skipped: lr untouched
+    static = Precision(torch.device("cpu"), torch.float16, loss_scale=128.0)
+    for _ in range(2):
+        train_step(model, [synthetic_batch()], optimizer, scheduler, static)
+    assert static.loss_scale == 128.0 and scheduler.last_epoch == 2
