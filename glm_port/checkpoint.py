@@ -167,7 +167,7 @@ def _without_hf_prefix(weights: dict) -> dict:
     return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
 
 
-def check_fits(weights: dict, model_state: dict, source) -> None:
+def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None:
     """One-line error when ``weights`` were made for another architecture than ``model_state``."""
     missing = [k for k in model_state if k not in weights]
     if missing:
@@ -178,7 +178,7 @@ def check_fits(weights: dict, model_state: dict, source) -> None:
         if weights[key].shape != value.shape:
             raise CheckpointError(
                 f"{source} does not fit this model: {key} is {list(weights[key].shape)} there, "
-                f"{list(value.shape)} here"
+                f"{list(value.shape)} here{hint}"
             )
 
 
@@ -189,7 +189,9 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     sd = read_checkpoint(path)
     weights = _without_hf_prefix(model_weights(sd))
     target = local_state_dict(model)  # this rank's shards under tensor parallel, as upstream's files hold
-    check_fits(weights, target, path)
+    tp_size = getattr(getattr(model, "tp", None), "size", 1)
+    hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
+    check_fits(weights, target, path, hint if tp_size > 1 else "")
     with torch.no_grad():  # extra keys (e.g. an HF head) are not ours to load
         for name, tensor in target.items():
             tensor.copy_(weights[name])
