@@ -1,10 +1,10 @@
 """Bias add + dropout (+ residual): ``dropout(x + bias, p) + residual``, Megatron's bias-dropout-add.
 
-Composed, this allocates the sum, the dropout output and the final sum, and keeps a bool
-mask for backward. Fused on CPU, the sum, the masking, the ``1/(1-p)`` scaling and the
-residual all land in one output buffer; the only saved tensor is the bool keep-mask (one
-byte an element). The mask is drawn from the default generator, so ``torch.manual_seed``
-makes it reproducible.
+Composed, this allocates the sum, the noise, the dropout output and the final sum, and
+keeps the noise for backward as a float tensor (torch's CPU dropout draws it as floats).
+Fused on CPU, the sum, the masking, the ``1/(1-p)`` scaling and the residual all land in
+one output buffer; the only saved tensor is a bool drop-mask (one byte an element). The
+mask is drawn from the default generator, so ``torch.manual_seed`` makes it reproducible.
 """
 
 from __future__ import annotations
@@ -42,14 +42,16 @@ def fused_bias_add_dropout(x, bias, p: float, training: bool = True, residual=No
 class _BiasDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, bias, p, residual):
-        keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+        # masked_fill_ takes the bool mask as it is; multiplying by it would first make a
+        # float copy of the whole mask (ATen casts mixed-dtype inputs to a temporary).
+        drop = torch.empty_like(x, dtype=torch.bool).bernoulli_(p)
         scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-        out = torch.add(x, bias).mul_(keep)
+        out = torch.add(x, bias).masked_fill_(drop, 0.0)
         if residual is None:
             out.mul_(scale)
         else:
             torch.add(residual, out, alpha=scale, out=out)
-        ctx.save_for_backward(keep)
+        ctx.save_for_backward(drop)
         ctx.scale = scale
         ctx.bias_shape = bias.shape
         return out
@@ -57,8 +59,8 @@ class _BiasDropout(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        (keep,) = ctx.saved_tensors
-        grad_x = torch.mul(grad_out, keep).mul_(ctx.scale)
+        (drop,) = ctx.saved_tensors
+        grad_x = torch.mul(grad_out, ctx.scale).masked_fill_(drop, 0.0)
         grad_bias = bias_grad(grad_x, ctx.bias_shape) if ctx.needs_input_grad[1] else None
         grad_residual = grad_out if ctx.needs_input_grad[3] else None
         return grad_x, grad_bias, None, grad_residual
