@@ -41,7 +41,15 @@ def test_checkpoints_cross_between_the_migrated_tree_and_glm_port(trees, tmp_pat
                           extra=["--save", str(save), "--save-interval", "2"])  # fmt: skip
     assert run.code == 0, run.log.read_text()[-3000:]
     [checkpoint] = save.glob("*/2/mp_rank_00_model_states.pt")  # upstream appends the experiment name
-    probe = subprocess.run([sys.executable, str(PROBE), str(ported), str(checkpoint), str(tmp_path)],
-                           cwd=ported, env=verify.ported_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    command = [sys.executable, str(PROBE), str(ported), str(checkpoint), str(tmp_path)]
+    probe = subprocess.run(command, cwd=ported, env=verify.ported_env(), capture_output=True, text=True, timeout=600)
     lines = [line for line in probe.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert probe.returncode == 0 and len(lines) == 2, probe.stdout[-2000:] + probe.stderr[-3000:]
+    assert probe.returncode == 0 and len(lines) == 2, probe.stdout[-2000:] + probe.stderr[-2000:]
+
+
+@pytest.mark.timeout(900)
+def test_verify_command_end_to_end(upstream, tmp_path, capsys):
+    argv = [str(upstream), "--iters", "3", "--modes", "1", "--no-mpu-tests", "--workdir", str(tmp_path)]
+    assert verify.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "all static checks hold" in out and "1 of 1 modes match;" in out
