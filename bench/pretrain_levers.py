@@ -2,6 +2,7 @@
 
     python bench/pretrain_levers.py                 # CPU shapes tiny and base, fp32
     python bench/pretrain_levers.py --shapes large --bf16 --batch-size 8    # on a GPU
+    python bench/pretrain_levers.py --shapes base --profile                 # and where the time goes now
 
 Row 0 is glm_port computing what upstream computes, the way upstream computes it: explicit masked
 attention, bias + GELU and bias + dropout + residual as separate ops, ``F.cross_entropy`` on fp32
@@ -101,7 +102,8 @@ def step(model, batch, optimizer, precision, levers: Levers) -> float:
     return loss.item()
 
 
-def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int) -> float:
+def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None) -> float:
+    """Median seconds per step after ``warmup``; ``profiler`` (torch.profiler) records the timed steps only."""
     torch.manual_seed(0)
     model = GLMModel(config.replace(attention_impl="sdpa" if levers.sdpa else "explicit")).to(device).train()
     optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
@@ -113,12 +115,16 @@ def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warm
         for i, batch in zip(range(warmup + steps), batches):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            if profiler is not None and i == warmup:
+                profiler.start()
             start = time.perf_counter()
             step(model, batch, optimizer, precision, levers)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
+    if profiler is not None:
+        profiler.stop()
     return statistics.median(times)
 
 
@@ -131,6 +137,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions (default 1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the GPU configuration)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
 
     device = torch.device()
@@ -163,6 +171,13 @@ def main(argv=None) -> None:
         for label, _ in STEPS:
             s = statistics.median(seconds[label])
             print(f"| {label} | {s * 1e3:.1f} | {tokens / s:.0f} | {base / s:.2f}x |")
+        if args.profile:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            activities += [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
+            profiler = torch.profiler.profile(activities=activities)
+            time_levers(config, itertools.cycle(batches), STEPS[-1][1], device, dtype, args.steps, args.warmup,
+                        profiler)  # fmt: skip
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":
