@@ -39,6 +39,7 @@ from tqdm import tqdm
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import shim as torch  # noqa: E402
+from migrate.mock import selfcheck  # noqa: E402  (upstream's corpus, vocabulary and flags)
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
@@ -128,16 +129,12 @@ class Bench:
         self.trees: dict[str, Path] = {}
         if args.upstream is not None:
             from migrate import verify  # the e2e check's runner: a runnable copy and its migration
-            from migrate.mock import selfcheck
 
             self.trees["original"], self.trees["migrated"] = verify.prepare(
                 args.upstream.resolve(), self.workdir, selfcheck.DEFAULT_VOCAB
             )
             self.envs = {"original": selfcheck._mock_env(""), "migrated": verify.ported_env()}
-            self.upstream_flags = selfcheck.PRETRAIN_FLAGS
         else:  # glm_port alone still reads upstream's corpus, written the way the selfcheck writes it
-            from migrate.mock import selfcheck
-
             selfcheck.ensure_corpus(selfcheck.DEFAULT_VOCAB)
         self.corpus, self.vocab = selfcheck.CORPUS, selfcheck.DEFAULT_VOCAB
 
@@ -154,9 +151,9 @@ class Bench:
             env = {**os.environ, "GLM_MOCK_DISABLE": "1", **threads}
             return [sys.executable, str(PEAK_MEMORY), "-m", "glm_port.pretrain_glm", *flags], ROOT, env
         # Upstream's own flags first; the shared ones after override its sizes (argparse keeps the last).
-        flags = [*self.upstream_flags, *flags, *(["--fp16"] if case.precision == "half" else [])]
+        flags = [*selfcheck.PRETRAIN_FLAGS, *flags, *(["--fp16"] if case.precision == "half" else [])]
         env = {**self.envs[runner], "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), **threads}  # fmt: skip
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(selfcheck.free_port()), **threads}  # fmt: skip
         return [sys.executable, str(PEAK_MEMORY), "pretrain_glm.py", *flags], self.trees[runner], env
 
     def run(self, runner: str, case: Case, round_: int) -> Run:
@@ -176,12 +173,6 @@ class Bench:
             peak_mib = float(cuda) if self.cuda and cuda != "-" else float(rss)
         return Run(code, [float(x) for x in ELAPSED.findall(text)], [float(x) for x in LOSS.findall(text)],
                    peak_mib, log)  # fmt: skip
-
-
-def _free_port() -> int:
-    from migrate.mock.selfcheck import free_port
-
-    return free_port()
 
 
 def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
