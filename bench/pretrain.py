@@ -34,12 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-# `python bench/pretrain.py` puts bench/ first on sys.path, where the sibling bench/migrate.py would
-# shadow the migrate package this script imports.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import shim as torch  # noqa: E402
-from migrate.mock import selfcheck  # noqa: E402  (upstream's corpus, vocabulary and flags)
+import shim as torch
+from migrate.mock import selfcheck  # upstream's corpus, vocabulary and flags
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"

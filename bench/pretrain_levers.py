@@ -25,14 +25,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-# bench/ first on sys.path would let the sibling bench/migrate.py shadow the migrate package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import shim as torch  # noqa: E402
-import shim.nn.functional as F  # noqa: E402
-from glm_port import GLMConfig, GLMModel, data  # noqa: E402
-from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss  # noqa: E402
-from migrate.mock import selfcheck  # noqa: E402
+import shim as torch
+import shim.nn.functional as F
+from glm_port import GLMConfig, GLMModel, data
+from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss
+from migrate.mock import selfcheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain import SHAPES  # noqa: E402

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
-# bench/ first on sys.path would let the sibling bench/migrate.py shadow the migrate package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from migrate import verify  # noqa: E402
-from migrate.mock import selfcheck  # noqa: E402
+from migrate import verify
+from migrate.mock import selfcheck
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Migrate one file: resolve every name against the rules, then rewrite only what must change.
 
 Analysis runs on the stdlib ``ast``, a C parser: building full libcst trees
-for THUDM/GLM takes longer than this whole tool (``bench/migrate.py
+for THUDM/GLM takes longer than this whole tool (``bench/codemod_speed.py
 --baseline``). Each rewrite is a libcst transformation of the one statement
 or call it touches (``migrate.rewrite``), spliced back by exact source
 offsets, so every untouched byte stays as it was, by construction.

@@ -1,6 +1,6 @@
 """How long ``glm-migrate`` takes on a whole tree (the bar: THUDM/GLM, 69 files, 22k lines, <= 5 s wall).
 
-    python bench/migrate.py [SRC] [--repeats N] [--baseline]
+    python bench/codemod_speed.py [SRC] [--repeats N] [--baseline]
 
 Times the real command (a fresh process each run, start-up included) writing a
 full DST, with ``-j 1`` and with the default (one worker per core). ``--baseline``
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--baseline", action="store_true", help="also time libcst-only parsing and name resolution")
     args = p.parse_args()
     if not args.src.is_dir():
-        sys.exit(f"bench/migrate.py: no source tree at {args.src}")
+        sys.exit(f"bench/codemod_speed.py: no source tree at {args.src}")
     files = sorted(args.src.rglob("*.py"))
     lines = sum(len(f.read_bytes().splitlines()) for f in files)
     load = os.getloadavg()[0]
