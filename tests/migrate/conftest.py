@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 from pathlib import Path
 
@@ -22,10 +23,10 @@ def fixtures() -> Path:
 
 @pytest.fixture
 def upstream() -> Path:
-    """The unpacked THUDM/GLM checkout beside the repository (skips when absent)."""
-    path = Path(__file__).resolve().parents[2].parent / "upstream"
+    """The THUDM/GLM checkout GLM_UPSTREAM names, else one beside the repository (skips when absent)."""
+    path = Path(os.environ.get("GLM_UPSTREAM") or Path(__file__).resolve().parents[2].parent / "upstream")
     if not (path / "pretrain_glm.py").exists():
-        pytest.skip(f"THUDM/GLM checkout not found at {path}")
+        pytest.skip(f"THUDM/GLM checkout not found at {path}: set GLM_UPSTREAM=/path/to/GLM")
     return path
 
 

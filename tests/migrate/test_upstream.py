@@ -1,4 +1,4 @@
-"""The real THUDM/GLM tree (read from ../upstream when present): migrated whole, nothing left broken."""
+"""The real THUDM/GLM tree (GLM_UPSTREAM, or ../upstream, when present): migrated whole, nothing left broken."""
 
 from __future__ import annotations
 
