@@ -27,6 +27,8 @@ def forward_to(torch_module: types.ModuleType, namespace: dict):
     """Return ``(__getattr__, __dir__)`` for a shim module that extends ``torch_module``."""
 
     def __getattr__(name: str):
+        if name == "__all__":  # what `from <shim module> import *` exports: torch's public names, then ours
+            return public_names(torch_module, namespace)
         try:
             return getattr(torch_module, name)
         except AttributeError:
@@ -39,6 +41,11 @@ def forward_to(torch_module: types.ModuleType, namespace: dict):
         return sorted(set(namespace) | set(dir(torch_module)))
 
     return __getattr__, __dir__
+
+
+def public_names(torch_module: types.ModuleType, namespace: dict) -> list[str]:
+    torch_public = getattr(torch_module, "__all__", None) or [n for n in dir(torch_module) if not n.startswith("_")]
+    return sorted(set(torch_public) | {n for n in namespace if not n.startswith("_")})
 
 
 def _is_genuine_shim(module: types.ModuleType | None) -> bool:

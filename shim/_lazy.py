@@ -9,6 +9,8 @@ def lazy_names(namespace: dict, own: dict[str, str], fallback):
     """A module ``__getattr__`` serving ``own`` (name -> defining module) first, then ``fallback``."""
 
     def __getattr__(name: str):
+        if name == "__all__":
+            return sorted(set(fallback(name)) | set(own))
         module_name = own.get(name)
         if module_name is None:
             return fallback(name)

@@ -57,3 +57,21 @@ def test_importing_shim_changes_nothing_in_torch():
         "assert before == after, set(before.items()) ^ set(after.items())\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_star_imports_export_torch_names_and_shims():
+    import shim.distributed
+
+    expected = {
+        "shim.distributed": {"all_reduce", "ReduceOp", "DistributedDataParallel", "setup_dist_util"},
+        "shim.nn": {"Linear", "FusedLayerNorm", "Linear1D"},
+        "shim.optim": {"AdamW", "FusedAdam"},
+        "shim.nn.functional": {"relu", "sparse_softmax_cross_entropy"},
+    }
+    for module, names in expected.items():
+        namespace: dict = {}
+        exec(f"from {module} import *", namespace)
+        assert names <= namespace.keys(), (module, names - namespace.keys())
+    namespace = {}
+    exec("from shim.distributed import *", namespace)
+    assert namespace["all_reduce"] is shim.distributed.all_reduce  # shim's, not torch's
