@@ -264,6 +264,7 @@ def test_nccl_becomes_gloo_and_ddp_takes_gpu_ids():
         assert type(model) is torch.nn.parallel.DistributedDataParallel
         model(torch.ones(2, 3, device="cuda")).sum().backward()
         assert model.module.weight.grad is not None
+        del model  # DDP before its process group, or gloo's teardown can hang
         dist.destroy_process_group()
         shim.compat.uninstall()
         """
