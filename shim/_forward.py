@@ -3,9 +3,11 @@
 Every shim module that extends a torch module (``shim.nn`` extends ``torch.nn``,
 ``shim.optim`` extends ``torch.optim``...) ends with::
 
-    __getattr__, __dir__ = forward_to(torch.nn, globals())
+    __getattr__, __dir__ = forward_to(torch.nn, globals(), own={"FusedLayerNorm": "shim.nn.normalization"})
 
-so any name it does not define resolves to torch's own object. Submodules that
+so any name it does not define resolves to torch's own object, and its own
+additions are imported from their defining module on first use (importing shim
+stays as cheap as importing torch). Submodules that
 shim does not write itself (``shim.autograd``, ``shim.utils.data``...) are
 aliased by ``TorchAliasFinder``: importing them yields torch's module object
 itself, never a second copy, and nothing in torch is modified.
@@ -23,12 +25,20 @@ import types
 SHIM = "shim"
 
 
-def forward_to(torch_module: types.ModuleType, namespace: dict):
-    """Return ``(__getattr__, __dir__)`` for a shim module that extends ``torch_module``."""
+def forward_to(torch_module: types.ModuleType, namespace: dict, own: dict[str, str] | None = None):
+    """Return ``(__getattr__, __dir__)`` for a shim module that extends ``torch_module``.
+
+    ``own`` maps each name shim adds to the module defining it, imported on first use.
+    """
+    own = own or {}
 
     def __getattr__(name: str):
         if name == "__all__":  # what `from <shim module> import *` exports: torch's public names, then ours
-            return public_names(torch_module, namespace)
+            return sorted(_public_names(torch_module, namespace) | set(own))
+        if name in own:
+            value = getattr(importlib.import_module(own[name]), name)
+            namespace[name] = value
+            return value
         try:
             return getattr(torch_module, name)
         except AttributeError:
@@ -38,14 +48,14 @@ def forward_to(torch_module: types.ModuleType, namespace: dict):
             ) from None
 
     def __dir__():
-        return sorted(set(namespace) | set(dir(torch_module)))
+        return sorted(set(namespace) | set(dir(torch_module)) | set(own))
 
     return __getattr__, __dir__
 
 
-def public_names(torch_module: types.ModuleType, namespace: dict) -> list[str]:
+def _public_names(torch_module: types.ModuleType, namespace: dict) -> set[str]:
     torch_public = getattr(torch_module, "__all__", None) or [n for n in dir(torch_module) if not n.startswith("_")]
-    return sorted(set(torch_public) | {n for n in namespace if not n.startswith("_")})
+    return set(torch_public) | {n for n in namespace if not n.startswith("_")}
 
 
 def _is_genuine_shim(module: types.ModuleType | None) -> bool:

@@ -17,7 +17,6 @@ Every other name is torch.distributed's own object.
 import torch.distributed as _torch_distributed
 
 from shim._forward import forward_to as _forward_to
-from shim._lazy import lazy_names as _lazy_names
 
 _COLLECTIVES = (
     "SingleProcessGroup all_gather all_gather_into_tensor all_gather_object all_reduce all_to_all "
@@ -41,9 +40,4 @@ _OWN = {
     **{name: "shim.distributed.layout" for name in _LAYOUT},
 }
 
-_torch_getattr, _torch_dir = _forward_to(_torch_distributed, globals())
-__getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
-
-
-def __dir__():
-    return sorted(set(_torch_dir()) | set(_OWN))
+__getattr__, __dir__ = _forward_to(_torch_distributed, globals(), own=_OWN)

@@ -3,7 +3,6 @@
 import torch.nn as _torch_nn
 
 from shim._forward import forward_to as _forward_to
-from shim._lazy import lazy_names as _lazy_names
 
 # name -> module that defines it (imported on first use)
 _OWN = {
@@ -13,12 +12,7 @@ _OWN = {
     "VocabParallelEmbedding": "shim.nn.tensor_parallel",
 }
 
-_torch_getattr, _torch_dir = _forward_to(_torch_nn, globals())
-__getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
-
-
-def __dir__():
-    return sorted(set(_torch_dir()) | set(_OWN))
+__getattr__, __dir__ = _forward_to(_torch_nn, globals(), own=_OWN)
 
 # shim's functional (torch's plus fused ops) must win over torch.nn.functional on attribute access.
 import shim.nn.functional as functional  # noqa: E402

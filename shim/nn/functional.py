@@ -10,7 +10,6 @@ Every other name is torch.nn.functional's own object.
 import torch.nn.functional as _torch_functional
 
 from shim._forward import forward_to as _forward_to
-from shim._lazy import lazy_names as _lazy_names
 
 # name -> module that defines it (imported on first use)
 _OWN = {
@@ -19,9 +18,4 @@ _OWN = {
     "fused_bias_add_dropout": "shim.ops.bias_dropout",
 }
 
-_torch_getattr, _torch_dir = _forward_to(_torch_functional, globals())
-__getattr__ = _lazy_names(globals(), _OWN, _torch_getattr)
-
-
-def __dir__():
-    return sorted(set(_torch_dir()) | set(_OWN))
+__getattr__, __dir__ = _forward_to(_torch_functional, globals(), own=_OWN)
