@@ -3,6 +3,7 @@
 - ``sparse_softmax_cross_entropy(logits, labels, *, process_group=None)``
 - ``fused_bias_add_gelu(x, bias, approximate="tanh")``
 - ``fused_bias_add_dropout(x, bias, p, training=True, residual=None)``
+- ``fused_masked_attention(q, k, v, visible, dropout_p=0.0)``
 
 Every other name is torch.nn.functional's own object.
 """
@@ -16,6 +17,7 @@ _OWN = {
     "sparse_softmax_cross_entropy": "shim.ops.cross_entropy",
     "fused_bias_add_gelu": "shim.ops.bias_act",
     "fused_bias_add_dropout": "shim.ops.bias_dropout",
+    "fused_masked_attention": "shim.ops.attention",
 }
 
 __getattr__, __dir__ = _forward_to(_torch_functional, globals(), own=_OWN)

@@ -101,14 +101,16 @@ def test_bias_gelu_saves_only_its_inputs():
     assert {t.data_ptr() for t in saved} == {x.data_ptr(), bias.data_ptr()}
 
 
-def test_bias_dropout_allocates_one_output_and_saves_a_bool_mask():
+def test_bias_dropout_allocates_one_output_and_the_random_bits_and_saves_a_bool_mask():
     x, bias = gelu_inputs()
     residual = torch.randn(8, 64)
     with LargeAllocations(x, residual) as fused:
         _, saved = saved_tensors(lambda: F.fused_bias_add_dropout(x, bias, 0.1, residual=residual))
     with LargeAllocations(x, residual) as composed:
         _, composed_saved = saved_tensors(lambda: torch.nn.functional.dropout(x + bias, 0.1) + residual)
-    assert fused.count == 1
+    # The output, and the random bits keep_mask reads (transient). The mul kernel's widened copy of the
+    # mask is internal to ATen, unseen here: bench/fused_elementwise.py measures the whole peak.
+    assert fused.count == 2
     assert composed.count == 4  # sum, float noise, dropped, residual sum
     assert [t.dtype for t in saved] == [torch.bool]
     # torch's CPU dropout keeps its mask as a float tensor: 4 bytes an element, not 1

@@ -1,0 +1,109 @@
+"""Attention with GLM's sep mask and attention dropout, forward+backward, on CPU: what the CPU kernel buys.
+
+  sdpa-nodrop  torch's scaled_dot_product_attention, boolean mask, dropout 0 (its fused CPU kernel):
+               the floor, not the same math
+  explicit     upstream GLM's formula: scores*mask - 65504*(1-mask), softmax, F.dropout, @ v
+  sdpa         scaled_dot_product_attention with dropout_p (on CPU: its math path)
+  fused        shim.nn.functional.fused_masked_attention (blocks of heads, keep_mask)
+  mask-bernoulli / mask-keep_mask   the dropout mask alone, [b, n, s, s]: bernoulli_ vs keep_mask
+
+Each variant runs in a fresh process (see _measure.py); speedups are against ``sdpa``.
+
+    python bench/attention.py                                      # GLM base layer: b8, 8 heads, s256, d32
+    python bench/attention.py --batch 4 --heads 16 --seq 512 --head-dim 64   # GLM-Large layer
+    python bench/attention.py --block-elements 65536 524288 4194304          # the fused kernel's block size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from tqdm import tqdm
+
+VARIANTS = ("sdpa-nodrop", "explicit", "sdpa", "fused", "mask-bernoulli", "mask-keep_mask")
+
+
+def worker(variant: str, args) -> dict:
+    import torch
+
+    import shim.nn.functional as F
+    from glm_port.attention import masked_attention, visibility_mask
+    from shim.ops.dropout_mask import keep_mask
+
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    q, k, v = (torch.randn(*shape, generator=generator).requires_grad_() for _ in range(3))
+    grad = torch.randn(*shape, generator=generator)
+    sep = torch.randint(args.seq // 4, args.seq, (args.batch,), generator=generator)
+    visible = visibility_mask(sep, args.batch, args.seq)
+    mask_shape = (args.batch, args.heads, args.seq, args.seq)
+
+    forwards = {
+        "sdpa-nodrop": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=visible),
+        "explicit": lambda: masked_attention(q, k, v, visible, args.p),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=args.p),
+        "fused": lambda: F.fused_masked_attention(q, k, v, visible, args.p, block_elements=args.block),
+    }
+    if variant.startswith("mask-"):
+        def step():
+            if variant == "mask-bernoulli":
+                torch.empty(mask_shape, dtype=torch.bool).bernoulli_(args.p)
+            else:
+                keep_mask(mask_shape, args.p)
+            return 0.0
+
+        return {**measure_step(step, args.repeats), "saved_mib": 0.0}
+
+    forward = forwards[variant]
+
+    def step():
+        torch.manual_seed(0)
+        q.grad = k.grad = v.grad = None
+        out = forward()
+        out.backward(grad)
+        return out.detach().sum().item()
+
+    return {**measure_step(step, args.repeats), "saved_mib": saved_for_backward_mib(forward)}
+
+
+def main(argv=None) -> None:
+    from shim.ops.attention import BLOCK_ELEMENTS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--p", type=float, default=0.1, help="attention dropout, default 0.1 (upstream's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, default 1 (as bench/pretrain.py)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per variant")
+    parser.add_argument("--block-elements", type=int, nargs="+", default=[BLOCK_ELEMENTS],
+                        help=f"the fused kernel's scores per block; several values add a row each (default {BLOCK_ELEMENTS})")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--block", type=int, default=BLOCK_ELEMENTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args)))
+        return
+
+    forwarded = [f"--{name}={getattr(args, name.replace('-', '_'))}"
+                 for name in ("batch", "heads", "seq", "head-dim", "p", "threads", "repeats")]
+    jobs = [(v, []) for v in VARIANTS if v != "fused"]
+    jobs[3:3] = [("fused" if len(args.block_elements) == 1 else f"fused-{b}", [f"--block={b}"])
+                 for b in args.block_elements]
+    rows = [{"variant": name, **run_worker(__file__, name.split("-")[0] if name.startswith("fused") else name,
+                                           forwarded + extra)}
+            for name, extra in tqdm(jobs, desc="variants", leave=False)]
+    print(f"\nattention [b {args.batch}, heads {args.heads}, seq {args.seq}, d {args.head_dim}] fp32, "
+          f"dropout {args.p}, {args.threads} thread(s), forward+backward")
+    print_table([r for r in rows if not r["variant"].startswith("mask")], reference="sdpa")
+    print("\ndropout mask alone")
+    print_table([r for r in rows if r["variant"].startswith("mask")], reference="mask-bernoulli")
+
+
+if __name__ == "__main__":
+    main()
