@@ -37,7 +37,7 @@ from pretrain import SHAPES  # noqa: E402
 
 @dataclass(frozen=True)
 class Levers:
-    sdpa: bool = False
+    attention: str = "explicit"  # GLMConfig.attention_impl
     fused_elementwise: bool = False
     fused_cross_entropy: bool = False
     fused_adamw: bool = False
@@ -46,12 +46,14 @@ class Levers:
 
 STEPS = [
     ("0. upstream's math (explicit attention, composed ops, fp32 CE, foreach AdamW)", Levers()),
-    ("1. + SDPA with the sep mask", Levers(sdpa=True)),
-    ("2. + fused bias+GELU, bias+dropout+residual", Levers(sdpa=True, fused_elementwise=True)),
+    ("1. + SDPA with the sep mask", Levers("sdpa")),
+    ("2. + fused bias+GELU, bias+dropout+residual", Levers("sdpa", fused_elementwise=True)),
     ("3. + sparse_softmax_cross_entropy (one logits-sized buffer)",
-     Levers(sdpa=True, fused_elementwise=True, fused_cross_entropy=True)),
-    ("4. + fused AdamW", Levers(sdpa=True, fused_elementwise=True, fused_cross_entropy=True, fused_adamw=True)),
-    ("5. + logits only where the loss counts (glm-pretrain)", Levers(True, True, True, True, True)),
+     Levers("sdpa", fused_elementwise=True, fused_cross_entropy=True)),
+    ("4. + fused AdamW", Levers("sdpa", fused_elementwise=True, fused_cross_entropy=True, fused_adamw=True)),
+    ("5. + logits only where the loss counts", Levers("sdpa", True, True, True, True)),
+    ("6. + fused_masked_attention: CPU kernel with dropout, SDPA on CUDA (glm-pretrain)",
+     Levers("fused", True, True, True, True)),
 ]  # fmt: skip
 
 
@@ -102,7 +104,7 @@ def step(model, batch, optimizer, precision, levers: Levers) -> float:
 def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None) -> float:
     """Median seconds per step after ``warmup``; ``profiler`` (torch.profiler) records the timed steps only."""
     torch.manual_seed(0)
-    model = GLMModel(config.replace(attention_impl="sdpa" if levers.sdpa else "explicit")).to(device).train()
+    model = GLMModel(config.replace(attention_impl=levers.attention)).to(device).train()
     optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = (True, False) if levers.fused_adamw else (False, True)
@@ -134,6 +136,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions (default 1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the GPU configuration)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
+    parser.add_argument("--rows", type=int, nargs="+", choices=range(len(STEPS)), default=list(range(len(STEPS))),
+                        help="the rows to time (default all); ratios are against the first one")
     parser.add_argument("--profile", action="store_true",
                         help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
@@ -155,17 +159,18 @@ def main(argv=None) -> None:
                                           seed=1234, masker_kwargs={"bert_prob": 1.0})  # fmt: skip
         batches = [{k: v.to(device) for k, v in next(stream).items()} for _ in range(args.warmup + args.steps)]
         counted = sum(b["loss_mask"].sum().item() for b in batches) / sum(b["loss_mask"].numel() for b in batches)
-        seconds = {label: [] for label, _ in STEPS}
-        jobs = [(r, STEPS[(i + r) % len(STEPS)]) for r in range(args.rounds) for i in range(len(STEPS))]
+        rows = [STEPS[i] for i in sorted(set(args.rows))]
+        seconds = {label: [] for label, _ in rows}
+        jobs = [(r, rows[(i + r) % len(rows)]) for r in range(args.rounds) for i in range(len(rows))]
         for _, (label, levers) in tqdm(jobs, desc=name, unit="row", leave=False):
             seconds[label].append(time_levers(config, itertools.cycle(batches), levers, device, dtype, args.steps,
                                               args.warmup))  # fmt: skip
         tokens = batch_size * shape.seq
         print(f"\n{name}: {shape.layers} layers, hidden {shape.hidden}, seq {shape.seq}, batch {batch_size}; "
               f"the loss counts {counted:.0%} of the positions")  # fmt: skip
-        print(f"| lever | ms/step | tokens/s | vs row 0 |\n| --- | --- | --- | --- |")
-        base = statistics.median(seconds[STEPS[0][0]])
-        for label, _ in STEPS:
+        print(f"| lever | ms/step | tokens/s | vs row {rows[0][0].split('.')[0]} |\n| --- | --- | --- | --- |")
+        base = statistics.median(seconds[rows[0][0]])
+        for label, _ in rows:
             s = statistics.median(seconds[label])
             print(f"| {label} | {s * 1e3:.1f} | {tokens / s:.0f} | {base / s:.2f}x |")
         if args.profile:

@@ -7,9 +7,10 @@ GLM hands the transformer its mask in one of two forms:
 - full form: a float tensor ``[b or 1, 1, q, k]`` with 1 where a query may attend.
 
 ``visibility_mask`` turns either into one boolean ``[b, 1, q, m + q]`` tensor per batch (``m`` memory
-positions in front, always visible). ``sdpa_attention`` feeds it to torch's fused kernel;
-``masked_attention`` is upstream's explicit formula, kept as the reference the fast path is tested
-against.
+positions in front, always visible). ``fused_attention`` feeds it to shim's fused attention (torch's
+SDPA kernels on CUDA; on CPU with dropout, shim's blocked kernel, as SDPA has no fused one there);
+``sdpa_attention`` to torch's SDPA as it is; ``masked_attention`` is upstream's explicit formula,
+kept as the reference the fast paths are tested against.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def visibility_mask(
     return visible.unsqueeze(1)
 
 
+def fused_attention(q, k, v, visible: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention through ``shim.nn.functional.fused_masked_attention``; shapes as ``sdpa_attention``."""
+    return F.fused_masked_attention(q, k, v, visible, dropout_p)
+
+
 def sdpa_attention(q, k, v, visible: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
     """Attention through ``scaled_dot_product_attention``; q ``[b, n, q, d]``, k/v ``[b, n, k, d]``."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
@@ -60,4 +66,4 @@ def masked_attention(q, k, v, visible: torch.Tensor, dropout_p: float = 0.0) -> 
     return torch.matmul(probs, v)
 
 
-ATTENTION_IMPLS = {"sdpa": sdpa_attention, "explicit": masked_attention}
+ATTENTION_IMPLS = {"fused": fused_attention, "sdpa": sdpa_attention, "explicit": masked_attention}

@@ -27,9 +27,10 @@ class GLMConfig:
     block_position_encoding: bool = True  # 2D positions (--block-lm)
     checkpoint_activations: bool = False  # --checkpoint-activations
     checkpoint_num_layers: int = 1  # --checkpoint-num-layers
-    # "sdpa": torch's scaled_dot_product_attention with a boolean mask (fast path);
+    # "fused": shim's fused_masked_attention (torch's SDPA on CUDA, a blocked kernel with dropout on CPU);
+    # "sdpa": torch's scaled_dot_product_attention with a boolean mask, as it is;
     # "explicit": upstream's formula scores*mask - 65504*(1-mask), kept as the reference.
-    attention_impl: str = "sdpa"
+    attention_impl: str = "fused"
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -37,8 +38,10 @@ class GLMConfig:
                 f"hidden size {self.hidden_size} is not divisible by "
                 f"{self.num_attention_heads} attention heads"
             )
-        if self.attention_impl not in ("sdpa", "explicit"):
-            raise ValueError(f"attention_impl must be 'sdpa' or 'explicit', not {self.attention_impl!r}")
+        if self.attention_impl not in ("fused", "sdpa", "explicit"):
+            raise ValueError(
+                f"attention_impl must be 'fused', 'sdpa' or 'explicit', not {self.attention_impl!r}"
+            )
         for name in ("vocab_size", "num_layers", "hidden_size", "num_attention_heads", "max_sequence_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
