@@ -158,7 +158,7 @@ class _RecomputeCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits_2d, labels_1d):
-        lse = _logsumexp_rows(logits_2d, at=labels_1d)
+        lse = logsumexp_rows(logits_2d, at=labels_1d)
         ctx.save_for_backward(logits_2d, labels_1d, lse)
         return lse - logits_2d.gather(1, labels_1d[:, None]).squeeze(1).to(lse.dtype)
 
@@ -166,7 +166,7 @@ class _RecomputeCrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss):
         logits_2d, labels_1d, lse = ctx.saved_tensors
-        grad = _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss.to(lse.dtype))
+        grad = softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss.to(lse.dtype))
         return grad, None
 
 
@@ -174,9 +174,8 @@ def _rows_per_block(vocab: int) -> int:
     return max(1, _BLOCK_ELEMENTS // vocab)
 
 
-# _logsumexp_rows and _softmax_minus_onehot_scaled are also the local steps of
-# shim.ops.vocab_parallel_cross_entropy.
-def _logsumexp_rows(logits_2d, at=None):
+# The two kernel steps, public: they are also the local steps of shim.ops.vocab_parallel_cross_entropy.
+def logsumexp_rows(logits_2d, at=None):
     """Per-row logsumexp, in fp32 or wider; on CPU one block of rows widened at a time.
 
     On CPU it is ``x[j] - log_softmax(x)[j]`` for a column ``j`` per row: one log-softmax
@@ -199,7 +198,7 @@ def _logsumexp_rows(logits_2d, at=None):
     return lse
 
 
-def _softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
+def softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
     """``(exp(logits - lse) - onehot(labels)) * grad_loss`` in the logits' dtype, one logits-sized buffer."""
     if logits_2d.is_cuda:
         return _softmax_grad_cuda(logits_2d, labels_1d, lse, grad_loss_1d)

@@ -20,7 +20,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from shim.distributed.collectives import all_reduce, get_rank, get_world_size
-from shim.ops.cross_entropy import _logsumexp_rows, _softmax_minus_onehot_scaled
+from shim.ops.cross_entropy import logsumexp_rows, softmax_minus_onehot_scaled
 
 __all__ = ["vocab_parallel_sparse_softmax_cross_entropy"]
 
@@ -42,7 +42,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         here = (local_labels >= 0) & (local_labels < local_vocab)
         local_labels = local_labels.where(here, 0)
 
-        local_lse = _logsumexp_rows(logits_2d)
+        local_lse = logsumexp_rows(logits_2d)
         global_max = local_lse.clone()
         all_reduce(global_max, op=torch.distributed.ReduceOp.MAX, group=group)
         target = logits_2d.gather(1, local_labels[:, None]).squeeze(1).to(local_lse.dtype)
@@ -61,7 +61,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_loss_1d = grad_loss.reshape(-1).to(lse.dtype)
         # the kernel subtracts grad_loss at every row's label; rows whose label
         # lives on another rank point at column 0 and get it added back.
-        grad = _softmax_minus_onehot_scaled(logits_2d, local_labels, lse, grad_loss_1d)
+        grad = softmax_minus_onehot_scaled(logits_2d, local_labels, lse, grad_loss_1d)
         elsewhere = (~here).nonzero().squeeze(1)
         grad[elsewhere, 0] += grad_loss_1d[elsewhere].to(grad.dtype)
         return grad.view(ctx.logits_shape), None, None
