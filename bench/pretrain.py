@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -144,6 +145,7 @@ class Bench:
             flags += ["--train-data", str(self.corpus), "--tokenizer-type", "BertWordPieceTokenizer",
                       "--tokenizer-path", str(self.vocab)]  # fmt: skip
             flags += ["--bf16"] if case.precision == "half" else []
+            flags += shlex.split(self.args.glm_port_flags)
             env = {**os.environ, "GLM_MOCK_DISABLE": "1", **threads}
             return [sys.executable, str(PEAK_MEMORY), "-m", "glm_port.pretrain_glm", *flags], ROOT, env
         # Upstream's own flags first; the shared ones after override its sizes (argparse keeps the last).
@@ -223,6 +225,8 @@ def parse_args(argv=None):
                         help="OMP_NUM_THREADS for every run (default: 1 on CPU, as the selfcheck runs upstream)")
     parser.add_argument("--peak-tflops", type=float, default=790.0,
                         help="the GPU's dense bf16 TFLOP/s for MFU (default 790, an H100 SXM as measured)")
+    parser.add_argument("--glm-port-flags", default="", metavar="FLAGS",
+                        help="extra glm-pretrain flags for (c), one string, e.g. \"--checkpoint-activations\"")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
     parser.add_argument("--workdir", type=Path, help="scratch directory for the trees and logs")
     args = parser.parse_args(argv)
@@ -247,6 +251,8 @@ def main(argv=None) -> None:
     device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores, OMP_NUM_THREADS={args.threads}"
     print(f"{device}; torch {torch.__version__}; {args.iters} iterations per run, median after {args.warmup}, "
           f"{args.rounds} round(s); logs in {bench.workdir}")  # fmt: skip
+    if args.glm_port_flags:
+        print(f"(c) glm_port runs with the extra flags: {args.glm_port_flags}")
     jobs = [(case, round_, runner) for case in cases for round_ in range(args.rounds)
             for runner in runners[round_ % len(runners):] + runners[:round_ % len(runners)]]  # fmt: skip
     results = {case: {r: Measured() for r in runners} for case in cases}

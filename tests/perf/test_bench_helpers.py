@@ -37,3 +37,24 @@ def test_peak_memory_refuses_a_missing_script(tmp_path):
 def test_glm_large_flops_per_token_is_about_2_2_gflop():
     large = load_pretrain_bench().SHAPES["large"]
     assert large.flops_per_token() == pytest.approx(2.15e9, rel=0.01)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "half"])
+def test_glm_port_command_of_the_gpu_case_parses_in_glm_pretrain(precision, tmp_path):
+    """The GLM-Large command the bench hands glm-pretrain is one its parser takes, extra flags included."""
+    from glm_port.arguments import parse_args
+
+    bench_module = load_pretrain_bench()
+    bench = object.__new__(bench_module.Bench)  # no corpus written: only the command is built
+    bench.args = bench_module.parse_args(["--glm-port-flags", "--checkpoint-activations --checkpoint-num-layers 2"])
+    bench.corpus, bench.vocab = tmp_path / "corpus.json", tmp_path / "vocab.txt"
+    for path in (bench.corpus, bench.vocab):
+        path.write_text("")  # the parser checks that they exist; nothing reads them here
+    case = bench_module.Case(bench_module.SHAPES["large"], 16, precision)
+    cmd, _, _ = bench.command("glm_port", case)
+    flags = cmd[cmd.index("glm_port.pretrain_glm") + 1:]
+    args = parse_args(flags)
+    assert (args.num_layers, args.hidden_size, args.num_attention_heads, args.seq_length, args.batch_size) == (
+        24, 1024, 16, 512, 16)
+    assert args.checkpoint_activations and args.checkpoint_num_layers == 2
+    assert args.bf16 == (precision == "half")
