@@ -123,6 +123,7 @@ class Bench:
     def __init__(self, args, cuda: bool):
         self.args, self.cuda = args, cuda
         self.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="glm-bench-"))).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.trees: dict[str, Path] = {}
         if args.upstream is not None:
             from migrate import verify  # the e2e check's runner: a runnable copy and its migration
@@ -226,7 +227,7 @@ def parse_args(argv=None):
     parser.add_argument("--peak-tflops", type=float, default=790.0,
                         help="the GPU's dense bf16 TFLOP/s for MFU (default 790, an H100 SXM as measured)")
     parser.add_argument("--glm-port-flags", default="", metavar="FLAGS",
-                        help="extra glm-pretrain flags for (c), one string, e.g. \"--checkpoint-activations\"")
+                        help="extra glm-pretrain flags for (c), one string with '=': --glm-port-flags=\"--checkpoint-activations\"")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
     parser.add_argument("--workdir", type=Path, help="scratch directory for the trees and logs")
     args = parser.parse_args(argv)
