@@ -129,12 +129,12 @@ class Bench:
             from migrate import verify  # the e2e check's runner: a runnable copy and its migration
 
             self.trees["original"], self.trees["migrated"] = verify.prepare(
-                args.upstream.resolve(), self.workdir, selfcheck.DEFAULT_VOCAB
+                args.upstream.resolve(), self.workdir, args.vocab
             )
             self.envs = {"original": selfcheck._mock_env(""), "migrated": verify.ported_env()}
         else:  # glm_port alone still reads upstream's corpus, written the way the selfcheck writes it
-            selfcheck.ensure_corpus(selfcheck.DEFAULT_VOCAB)
-        self.corpus, self.vocab = selfcheck.CORPUS, selfcheck.DEFAULT_VOCAB
+            selfcheck.ensure_corpus(args.vocab)
+        self.corpus, self.vocab = selfcheck.CORPUS, args.vocab
 
     def runners(self) -> list[str]:
         return [r for r in RUNNERS if r == "glm_port" or r in self.trees]
@@ -211,6 +211,8 @@ def parse_args(argv=None):
     )
     parser.add_argument("--upstream", type=Path, metavar="GLM",
                         help="THUDM/GLM checkout (copied, never modified); without it only glm_port runs")
+    parser.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
+                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES),
                         help="model shapes (default: tiny base on CPU, large on a GPU)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", help="override the shapes' batch sizes")
@@ -233,6 +235,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
+    if not args.vocab.is_file():
+        parser.error(f"--vocab {args.vocab}: no such file (BERT's {selfcheck.VOCAB_NAME})")
     if args.iters <= args.warmup:
         parser.error(f"--iters {args.iters} must exceed --warmup {args.warmup}")
     return args

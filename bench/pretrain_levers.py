@@ -138,16 +138,20 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
     parser.add_argument("--rows", type=int, nargs="+", choices=range(len(STEPS)), default=list(range(len(STEPS))),
                         help="the rows to time (default all); ratios are against the first one")
+    parser.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
+                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
     parser.add_argument("--profile", action="store_true",
                         help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
+    if not args.vocab.is_file():
+        parser.error(f"--vocab {args.vocab}: no such file (BERT's {selfcheck.VOCAB_NAME})")
 
     device = torch.device()
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    selfcheck.ensure_corpus(selfcheck.DEFAULT_VOCAB)
-    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(selfcheck.DEFAULT_VOCAB))
+    selfcheck.ensure_corpus(args.vocab)
+    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(args.vocab))
     print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
           f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
     for name in args.shapes:

@@ -45,11 +45,13 @@ def test_glm_port_command_of_the_gpu_case_parses_in_glm_pretrain(precision, tmp_
     from glm_port.arguments import parse_args
 
     bench_module = load_pretrain_bench()
+    corpus, vocab = tmp_path / "corpus.json", tmp_path / "vocab.txt"
+    for path in (corpus, vocab):
+        path.write_text("")  # the parsers check that they exist; nothing reads them here
     bench = object.__new__(bench_module.Bench)  # no corpus written: only the command is built
-    bench.args = bench_module.parse_args(["--glm-port-flags", "--checkpoint-activations --checkpoint-num-layers 2"])
-    bench.corpus, bench.vocab = tmp_path / "corpus.json", tmp_path / "vocab.txt"
-    for path in (bench.corpus, bench.vocab):
-        path.write_text("")  # the parser checks that they exist; nothing reads them here
+    bench.args = bench_module.parse_args(
+        ["--vocab", str(vocab), "--glm-port-flags", "--checkpoint-activations --checkpoint-num-layers 2"])
+    bench.corpus, bench.vocab = corpus, vocab
     case = bench_module.Case(bench_module.SHAPES["large"], 16, precision)
     cmd, _, _ = bench.command("glm_port", case)
     flags = cmd[cmd.index("glm_port.pretrain_glm") + 1:]
