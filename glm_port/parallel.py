@@ -63,8 +63,7 @@ class TensorParallel:
         Megatron does, so that each rank's shard is ``[Q_r; K_r; V_r]`` (upstream's mp_rank layout)."""
         if self.size == 1:
             return self._plain_linear(in_features, out_features, init)
-        init_method = _init_per_third(init, self.size) if thirds else init
-        return nn.Linear1D(in_features, out_features, parallel="col", init_method=init_method)
+        return nn.Linear1D(in_features, out_features, parallel="col", init_method=init, stride=3 if thirds else 1)
 
     def row_linear(self, in_features, out_features, init):
         if self.size == 1:
@@ -111,16 +110,6 @@ class TensorParallel:
         if self.size == 1:
             return contextlib.nullcontext()
         return torch.checkpointing.get_cuda_rng_tracker().fork()
-
-
-def _init_per_third(init, size: int):
-    def init_and_interleave(weight):
-        init(weight)
-        # [Q; K; V] -> [Q_0; K_0; V_0; Q_1; K_1; V_1; ...]: contiguous shards become per-third splits.
-        rows, columns = weight.shape
-        weight.copy_(weight.view(3, size, rows // (3 * size), columns).transpose(0, 1).reshape(rows, columns))
-
-    return init_and_interleave
 
 
 class ParallelEnv:
@@ -197,15 +186,9 @@ class ParallelEnv:
         parameters = [p for p in parameters if p.grad is not None]
         if self.tp_size == 1:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-        # torch's foreach kernels take DTensors or plain tensors, not both in one list.
-        sharded = [p for p in parameters if _is_dtensor(p.grad)]
-        replicated = [p for p in parameters if not _is_dtensor(p.grad)]
-        norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor(),
-                 torch.nn.utils.get_total_norm([p.grad for p in replicated])]
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        for group in (sharded, replicated):
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
-        return total
+        from shim import mpu  # Megatron's clip: shards summed over the tensor-parallel group
+
+        return mpu.clip_grad_norm(parameters, max_norm)
 
     def close(self) -> None:
         if self._owns_process_group:
