@@ -46,7 +46,11 @@ def fused_masked_attention(q, k, v, visible: torch.Tensor, dropout_p: float = 0.
         )
     if dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
-    return _BlockedAttention.apply(q, k, v, visible, dropout_p, block_elements)
+    if torch.is_autocast_enabled("cpu"):  # as autocast runs SDPA: in its lower precision
+        dtype = torch.get_autocast_dtype("cpu")
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+    with torch.autocast("cpu", enabled=False):
+        return _BlockedAttention.apply(q, k, v, visible, dropout_p, block_elements)
 
 
 class _BlockedAttention(torch.autograd.Function):
@@ -75,6 +79,11 @@ class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with torch.autocast("cpu", enabled=False):
+            return _BlockedAttention._backward(ctx, grad_out.to(ctx.saved_tensors[0].dtype))
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, k, v, probs, keep = ctx.saved_tensors
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
         b, n, sq, sk = probs.shape

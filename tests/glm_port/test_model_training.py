@@ -140,9 +140,10 @@ def test_accumulation_averages_the_micro_batch_losses():
         torch.testing.assert_close(p.grad, expected)
 
 
-def test_bf16_autocast_trains():
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.1])  # SDPA, and on CPU shim's blocked kernel
+def test_bf16_autocast_trains(attention_dropout):
     torch.manual_seed(0)
-    model = GLMModel(TINY)
+    model = GLMModel(TINY.replace(attention_dropout_prob=attention_dropout))
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-2, warmup=0.0, decay_iters=10))
     precision = Precision(torch.device("cpu"), torch.bfloat16)
     losses = [train_step(model, [synthetic_batch()], optimizer, scheduler, precision) for _ in range(6)]

@@ -90,6 +90,19 @@ def test_a_row_with_no_visible_key_attends_uniformly_as_upstream():
     torch.testing.assert_close(out[0, 0, 1], v[0, 0].mean(0))
 
 
+def test_under_cpu_autocast_it_runs_in_the_lower_precision_as_sdpa_does():
+    q, k, v = make_qkv(dtype=torch.float32)
+    visible = sep_visible(2, 6, 6)
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.fused_masked_attention(q, k, v, visible, 0.2)
+    torch.manual_seed(1)
+    expected = F.fused_masked_attention(*(t.detach().bfloat16() for t in (q, k, v)), visible, 0.2)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and q.grad.abs().sum() > 0
+
+
 def test_bfloat16_keeps_its_dtype():
     q, k, v = make_qkv(dtype=torch.bfloat16)
     out = F.fused_masked_attention(q, k, v, sep_visible(2, 6, 6), 0.1)
