@@ -79,12 +79,12 @@ class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        saved = ctx.saved_tensors  # once: activation checkpointing refuses a second unpack
         with torch.autocast("cpu", enabled=False):
-            return _BlockedAttention._backward(ctx, grad_out.to(ctx.saved_tensors[0].dtype))
+            return _BlockedAttention._backward(ctx, grad_out.to(saved[0].dtype), *saved)
 
     @staticmethod
-    def _backward(ctx, grad_out):
-        q, k, v, probs, keep = ctx.saved_tensors
+    def _backward(ctx, grad_out, q, k, v, probs, keep):
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
         b, n, sq, sk = probs.shape
         for block in _blocks(b, n, sq * sk, ctx.block_elements):
