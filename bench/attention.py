@@ -6,6 +6,8 @@
   sdpa         scaled_dot_product_attention with dropout_p (on CPU: its math path)
   fused        shim.nn.functional.fused_masked_attention (blocks of heads, keep_mask)
   mask-bernoulli / mask-keep_mask   the dropout mask alone, [b, n, s, s]: bernoulli_ vs keep_mask
+  apply-masked_fill / apply-multiply  applying it to one block of scores (one sample's heads):
+               masked_fill_ with the bool mask vs apply_keep (a multiplication by its bytes)
 
 Each variant runs in a fresh process (see _measure.py); speedups are against ``sdpa``.
 
@@ -22,7 +24,8 @@ import json
 from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
 from tqdm import tqdm
 
-VARIANTS = ("sdpa-nodrop", "explicit", "sdpa", "fused", "mask-bernoulli", "mask-keep_mask")
+ATTENTION = ("sdpa-nodrop", "explicit", "sdpa", "fused")
+MASKS = ("mask-bernoulli", "mask-keep_mask", "apply-masked_fill", "apply-multiply")
 
 
 def worker(variant: str, args) -> dict:
@@ -30,7 +33,7 @@ def worker(variant: str, args) -> dict:
 
     import shim.nn.functional as F
     from glm_port.attention import masked_attention, visibility_mask
-    from shim.ops.dropout_mask import keep_mask
+    from shim.ops.dropout_mask import apply_keep, keep_mask
 
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
@@ -47,12 +50,18 @@ def worker(variant: str, args) -> dict:
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=args.p),
         "fused": lambda: F.fused_masked_attention(q, k, v, visible, args.p, block_elements=args.block),
     }
-    if variant.startswith("mask-"):
+    if variant in MASKS:
+        scores = torch.rand(mask_shape[1:], generator=generator)  # one sample's heads: the kernel's block
+        keep = keep_mask(scores.shape, args.p)
+        steps = {
+            "mask-bernoulli": lambda: torch.empty(mask_shape, dtype=torch.bool).bernoulli_(args.p),
+            "mask-keep_mask": lambda: keep_mask(mask_shape, args.p),
+            "apply-masked_fill": lambda: scores.masked_fill_(~keep, 0.0),
+            "apply-multiply": lambda: apply_keep(scores, keep),
+        }
+
         def step():
-            if variant == "mask-bernoulli":
-                torch.empty(mask_shape, dtype=torch.bool).bernoulli_(args.p)
-            else:
-                keep_mask(mask_shape, args.p)
+            steps[variant]()
             return 0.0
 
         return {**measure_step(step, args.repeats), "saved_mib": 0.0}
@@ -92,17 +101,20 @@ def main(argv=None) -> None:
 
     forwarded = [f"--{name}={getattr(args, name.replace('-', '_'))}"
                  for name in ("batch", "heads", "seq", "head-dim", "p", "threads", "repeats")]
-    jobs = [(v, []) for v in VARIANTS if v != "fused"]
-    jobs[3:3] = [("fused" if len(args.block_elements) == 1 else f"fused-{b}", [f"--block={b}"])
-                 for b in args.block_elements]
-    rows = [{"variant": name, **run_worker(__file__, name.split("-")[0] if name.startswith("fused") else name,
-                                           forwarded + extra)}
-            for name, extra in tqdm(jobs, desc="variants", leave=False)]
+    # (row label, worker variant, extra flags): one "fused" row per block size asked for
+    jobs = [(v, v, []) for v in ATTENTION if v != "fused"]
+    jobs += [("fused" if len(args.block_elements) == 1 else f"fused-{b}", "fused", [f"--block={b}"])
+             for b in args.block_elements]
+    jobs += [(v, v, []) for v in MASKS]
+    rows = [{"variant": label, **run_worker(__file__, variant, forwarded + extra)}
+            for label, variant, extra in tqdm(jobs, desc="variants", leave=False)]
     print(f"\nattention [b {args.batch}, heads {args.heads}, seq {args.seq}, d {args.head_dim}] fp32, "
           f"dropout {args.p}, {args.threads} thread(s), forward+backward")
-    print_table([r for r in rows if not r["variant"].startswith("mask")], reference="sdpa")
+    print_table([r for r in rows if r["variant"].split("-")[0] not in ("mask", "apply")], reference="sdpa")
     print("\ndropout mask alone")
-    print_table([r for r in rows if r["variant"].startswith("mask")], reference="mask-bernoulli")
+    print_table([r for r in rows if r["variant"].startswith("mask-")], reference="mask-bernoulli")
+    print("\napplying it to one block of scores")
+    print_table([r for r in rows if r["variant"].startswith("apply-")], reference="apply-masked_fill")
 
 
 if __name__ == "__main__":

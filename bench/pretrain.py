@@ -201,6 +201,18 @@ def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
     return "\n".join(lines)
 
 
+def add_vocab_argument(parser: argparse.ArgumentParser) -> None:
+    """``--vocab``: BERT's vocabulary file, checked to exist (the default too)."""
+
+    def vocab_file(text: str) -> Path:
+        if not Path(text).is_file():
+            raise argparse.ArgumentTypeError(f"{text}: no such file (BERT's {selfcheck.VOCAB_NAME})")
+        return Path(text)
+
+    parser.add_argument("--vocab", type=vocab_file, default=str(selfcheck.DEFAULT_VOCAB),
+                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train the same GLM with (a) the original upstream under glm-mock, (b) the migrated upstream "
@@ -211,8 +223,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--upstream", type=Path, metavar="GLM",
                         help="THUDM/GLM checkout (copied, never modified); without it only glm_port runs")
-    parser.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
-                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
+    add_vocab_argument(parser)
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES),
                         help="model shapes (default: tiny base on CPU, large on a GPU)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", help="override the shapes' batch sizes")
@@ -235,8 +246,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
-    if not args.vocab.is_file():
-        parser.error(f"--vocab {args.vocab}: no such file (BERT's {selfcheck.VOCAB_NAME})")
     if args.iters <= args.warmup:
         parser.error(f"--iters {args.iters} must exceed --warmup {args.warmup}")
     return args

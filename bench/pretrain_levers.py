@@ -32,7 +32,7 @@ from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_
 from migrate.mock import selfcheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain import SHAPES  # noqa: E402
+from pretrain import SHAPES, add_vocab_argument  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,16 @@ def step(model, batch, optimizer, precision, levers: Levers) -> float:
     return loss.item()
 
 
-def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None) -> float:
-    """Median seconds per step after ``warmup``; ``profiler`` (torch.profiler) records the timed steps only."""
+def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None,
+                compile_layers: bool = False) -> tuple[float, float]:
+    """(median seconds per step after ``warmup``, seconds of the first step); ``profiler`` (torch.profiler)
+    records the timed steps only. ``compile_layers``: each transformer layer through ``torch.compile``
+    (``nn.Module.compile``, parameter names unchanged); the first step then includes the compilation."""
     torch.manual_seed(0)
     model = GLMModel(config.replace(attention_impl=levers.attention)).to(device).train()
+    if compile_layers:
+        for layer in model.transformer.layers:
+            layer.compile()
     optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = (True, False) if levers.fused_adamw else (False, True)
@@ -120,11 +126,10 @@ def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warm
             step(model, batch, optimizer, precision, levers)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
     if profiler is not None:
         profiler.stop()
-    return statistics.median(times)
+    return statistics.median(times[warmup:]), times[0]
 
 
 def main(argv=None) -> None:
@@ -138,13 +143,12 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
     parser.add_argument("--rows", type=int, nargs="+", choices=range(len(STEPS)), default=list(range(len(STEPS))),
                         help="the rows to time (default all); ratios are against the first one")
-    parser.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
-                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
+    add_vocab_argument(parser)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each transformer layer in every row; prints the first step's time too")
     parser.add_argument("--profile", action="store_true",
                         help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
-    if not args.vocab.is_file():
-        parser.error(f"--vocab {args.vocab}: no such file (BERT's {selfcheck.VOCAB_NAME})")
 
     device = torch.device()
     if device.type == "cpu":
@@ -165,24 +169,30 @@ def main(argv=None) -> None:
         counted = sum(b["loss_mask"].sum().item() for b in batches) / sum(b["loss_mask"].numel() for b in batches)
         rows = [STEPS[i] for i in sorted(set(args.rows))]
         seconds = {label: [] for label, _ in rows}
+        first_steps = {label: [] for label, _ in rows}
         jobs = [(r, rows[(i + r) % len(rows)]) for r in range(args.rounds) for i in range(len(rows))]
         for _, (label, levers) in tqdm(jobs, desc=name, unit="row", leave=False):
-            seconds[label].append(time_levers(config, itertools.cycle(batches), levers, device, dtype, args.steps,
-                                              args.warmup))  # fmt: skip
+            median, first = time_levers(config, itertools.cycle(batches), levers, device, dtype, args.steps,
+                                        args.warmup, compile_layers=args.compile)  # fmt: skip
+            seconds[label].append(median)
+            first_steps[label].append(first)
         tokens = batch_size * shape.seq
         print(f"\n{name}: {shape.layers} layers, hidden {shape.hidden}, seq {shape.seq}, batch {batch_size}; "
-              f"the loss counts {counted:.0%} of the positions")  # fmt: skip
-        print(f"| lever | ms/step | tokens/s | vs row {rows[0][0].split('.')[0]} |\n| --- | --- | --- | --- |")
+              f"the loss counts {counted:.0%} of the positions"
+              f"{'; layers compiled with torch.compile' if args.compile else ''}")  # fmt: skip
+        print(f"| lever | ms/step | tokens/s | vs row {rows[0][0].split('.')[0]} | first step s |\n"
+              f"| --- | --- | --- | --- | --- |")
         base = statistics.median(seconds[rows[0][0]])
         for label, _ in rows:
             s = statistics.median(seconds[label])
-            print(f"| {label} | {s * 1e3:.1f} | {tokens / s:.0f} | {base / s:.2f}x |")
+            first = statistics.median(first_steps[label])
+            print(f"| {label} | {s * 1e3:.1f} | {tokens / s:.0f} | {base / s:.2f}x | {first:.1f} |")
         if args.profile:
             activities = [torch.profiler.ProfilerActivity.CPU]
             activities += [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
             profiler = torch.profiler.profile(activities=activities)
             time_levers(config, itertools.cycle(batches), STEPS[-1][1], device, dtype, args.steps, args.warmup,
-                        profiler)  # fmt: skip
+                        profiler, compile_layers=args.compile)  # fmt: skip
             print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
