@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--checkpoint-activations", action="store_true",
                        help="recompute layers in backward (dropout replayed exactly)")
     model.add_argument("--checkpoint-num-layers", type=int, default=1, help="layers per checkpointed chunk")
+    model.add_argument("--checkpoint-policy", choices=("full", "selective"), default=None,
+                       help="what checkpointing keeps of each chunk: 'full' (the default) only its input; "
+                       "'selective' also its matmul and attention outputs, recomputing LayerNorms, GELU, "
+                       "dropout and softmax: more memory than 'full', less recompute. Implies "
+                       "--checkpoint-activations")
     model.add_argument("--deepspeed-activation-checkpointing", action="store_true",
                        help="same as --checkpoint-activations (shim.checkpointing is DeepSpeed's API)")
 
@@ -121,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--log-interval", type=int, default=10, help="iterations per log line (upstream 100)")
     train.add_argument("--device", default=None, help="cpu, cuda, cuda:1...; default: shim.device()")
+    train.add_argument("--compile", action="store_true",
+                       help="torch.compile each transformer layer (the first steps then compile; on CPU it "
+                       "measured slower than eager, see docs/performance.md)")
 
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--save", default=None, help="directory for checkpoints (upstream layout)")
@@ -203,7 +211,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.seq_length > args.max_position_embeddings:
         parser.error(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                      f"{args.max_position_embeddings}")
-    args.checkpoint_activations |= args.deepspeed_activation_checkpointing
+    args.checkpoint_activations |= args.deepspeed_activation_checkpointing or args.checkpoint_policy is not None
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "batch_size",
                  "gradient_accumulation_steps", "log_interval", "model_parallel_size", "save_interval"):
         if getattr(args, name) < 1:

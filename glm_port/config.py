@@ -27,6 +27,9 @@ class GLMConfig:
     block_position_encoding: bool = True  # 2D positions (--block-lm)
     checkpoint_activations: bool = False  # --checkpoint-activations
     checkpoint_num_layers: int = 1  # --checkpoint-num-layers
+    # What checkpointing keeps of a chunk (--checkpoint-policy): "full" only its input, "selective" also
+    # the outputs of its matmuls and attention kernels, recomputing the elementwise ops in backward.
+    checkpoint_policy: str = "full"
     # "fused": shim's fused_masked_attention (torch's SDPA on CUDA, a blocked kernel with dropout on CPU);
     # "sdpa": torch's scaled_dot_product_attention with a boolean mask, as it is;
     # "explicit": upstream's formula scores*mask - 65504*(1-mask), kept as the reference.
@@ -42,6 +45,8 @@ class GLMConfig:
             raise ValueError(
                 f"attention_impl must be 'fused', 'sdpa' or 'explicit', not {self.attention_impl!r}"
             )
+        if self.checkpoint_policy not in ("full", "selective"):
+            raise ValueError(f"checkpoint_policy must be 'full' or 'selective', not {self.checkpoint_policy!r}")
         for name in ("vocab_size", "num_layers", "hidden_size", "num_attention_heads", "max_sequence_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -144,7 +144,9 @@ class GLMTransformer(nn.Module):
             layers = self.layers[start:start + chunk]
             layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
             if self._checkpointing():
-                hidden = _checkpoint(_run_layers(layers), hidden, visible, *layer_mems)
+                hidden = torch.checkpointing.checkpoint(
+                    _run_layers(layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
+                )
             else:
                 hidden = _run_layers(layers)(hidden, visible, *layer_mems)
             if keep_memory:
@@ -153,8 +155,17 @@ class GLMTransformer(nn.Module):
         new_mems = self._update_mems(layer_inputs, mems, return_memory) if keep_memory else []
         return output, new_mems
 
+    def compile_layers(self, **options) -> None:
+        """``torch.compile`` each layer in place (``nn.Module.compile``, so parameter names stay as they are)."""
+        for layer in self.layers:
+            layer.compile(**options)
+
     def _checkpointing(self) -> bool:
         return self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
+
+    def _checkpoint_policy(self):
+        """None (recompute everything but the chunk's input) or the selective policy."""
+        return torch.checkpointing.save_matmuls if self.config.checkpoint_policy == "selective" else None
 
     def _update_mems(self, hiddens, mems, return_memory):
         """Keep the last ``max_memory_length`` positions of ``[old mems; new hidden states]`` per layer."""
@@ -175,11 +186,6 @@ def _run_layers(layers):
         return hidden
 
     return run
-
-
-def _checkpoint(function, *args):
-    """Recompute in backward, replaying dropout exactly (shim restores the model-parallel RNG tracker too)."""
-    return torch.checkpointing.checkpoint(function, *args)
 
 
 class GLMModel(nn.Module):

@@ -53,6 +53,7 @@ def model_config(args, vocab_size: int) -> GLMConfig:
         layernorm_epsilon=args.layernorm_epsilon,
         checkpoint_activations=args.checkpoint_activations,
         checkpoint_num_layers=args.checkpoint_num_layers,
+        checkpoint_policy=args.checkpoint_policy or "full",
     )
 
 
@@ -101,6 +102,8 @@ def setup(args) -> Run:
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     config = model_config(args, tokenizer.vocab_size)
     model = GLMModel(config, env.tensor_parallel()).to(env.device)
+    if args.compile:
+        model.transformer.compile_layers()
     decay_iters = args.lr_decay_iters or args.train_iters
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(
         lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,

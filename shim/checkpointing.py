@@ -217,9 +217,13 @@ def _synchronize() -> None:
         torch.accelerator.synchronize()
 
 
-def checkpoint(function, *args):
+def checkpoint(function, *args, policy=None):
     """``function(*args)`` without keeping its activations; recomputed in backward with the
-    same default-generator and tracker RNG states as the forward pass."""
+    same default-generator and tracker RNG states as the forward pass.
+
+    ``policy`` makes it selective: a ``torch.utils.checkpoint`` policy function naming the ops whose
+    outputs are kept (:func:`save_matmuls` keeps the matmuls'); everything else is recomputed.
+    """
     states_at_forward = _TRACKER.get_states()
 
     @contextlib.contextmanager
@@ -238,10 +242,40 @@ def checkpoint(function, *args):
     with profile:
         _synchronize()
         outputs = torch.utils.checkpoint.checkpoint(
-            function,
-            *args,
-            use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(), replay_tracker()),
+            function, *args, use_reentrant=False, context_fn=lambda: _contexts(policy, replay_tracker)
         )
         _synchronize()
     return outputs
+
+
+def _contexts(policy, replay_tracker):
+    """(forward, recompute) contexts: selective checkpointing's caching modes when ``policy`` is given."""
+    if policy is None:
+        return contextlib.nullcontext(), replay_tracker()
+    caching, cached = torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)
+
+    @contextlib.contextmanager
+    def recompute():
+        with cached, replay_tracker():
+            yield
+
+    return caching, recompute()
+
+
+# What selective checkpointing keeps: the outputs of the matmuls (the costly ops, whose outputs are a
+# few hidden-sized tensors per layer) and of all-reduces (so recomputing does not communicate again).
+# LayerNorms, GELU, dropout masks, residual adds and attention are recomputed. Attention is recomputed
+# even on GPU, where its kernel is costly: every op that draws random numbers must run again (SDPA's
+# kernels draw their dropout), since a kept one would not advance the generator on recompute and the
+# dropout masks after it would differ from the forward pass's.
+_KEPT_OPS = frozenset({
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops._c10d_functional.all_reduce.default,
+})
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """Selective checkpointing policy: keep matmul and all-reduce outputs, recompute the rest."""
+    policy = torch.utils.checkpoint.CheckpointPolicy
+    return policy.MUST_SAVE if op in _KEPT_OPS else policy.PREFER_RECOMPUTE

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import shim.checkpointing as ckpt
 
@@ -25,12 +26,12 @@ def _block(weight):
     return run
 
 
-def _grads(checkpointed: bool):
+def _grads(checkpointed: bool, policy=None):
     ckpt.model_parallel_cuda_manual_seed(1234)
     weight = torch.randn(8, 8, requires_grad=True)
     x = torch.randn(4, 8, requires_grad=True)
     block = _block(weight)
-    out = ckpt.checkpoint(block, x) if checkpointed else block(x)
+    out = ckpt.checkpoint(block, x, policy=policy) if checkpointed else block(x)
     # draw from both streams between forward and backward: the recompute must not see it
     torch.rand(3)
     with ckpt.get_cuda_rng_tracker().fork():
@@ -39,11 +40,48 @@ def _grads(checkpointed: bool):
     return out.detach(), weight.grad, x.grad
 
 
-def test_dropout_in_checkpoint_gives_identical_grads():
+@pytest.mark.parametrize("policy", [None, ckpt.save_matmuls], ids=["full", "selective"])
+def test_dropout_in_checkpoint_gives_identical_grads(policy):
     out, dw, dx = _grads(checkpointed=False)
-    out_c, dw_c, dx_c = _grads(checkpointed=True)
+    out_c, dw_c, dx_c = _grads(checkpointed=True, policy=policy)
     assert torch.equal(out, out_c)
     assert torch.equal(dw, dw_c) and torch.equal(dx, dx_c)
+
+
+class _CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.matmuls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.matmuls += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+def _matmuls_in_backward(policy):
+    w1, w2 = torch.randn(8, 16, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+    x = torch.randn(4, 8, requires_grad=True)
+    out = ckpt.checkpoint(lambda x: torch.nn.functional.gelu(x @ w1) @ w2, x, policy=policy)
+    with _CountMatmuls() as counter:
+        out.sum().backward()
+    return counter.matmuls
+
+
+def test_selective_checkpoint_keeps_matmul_outputs():
+    # Backward takes two matmuls per forward matmul (input and weight grads). Full checkpointing first
+    # redoes the forward up to what backward needs, the GELU's input: one matmul. Selective keeps it.
+    assert _matmuls_in_backward(policy=None) == 5
+    assert _matmuls_in_backward(policy=ckpt.save_matmuls) == 4
+
+
+def test_selective_checkpoint_recomputes_every_random_op():
+    # A kept op does not run on recompute; if it drew random numbers (SDPA's kernels draw their dropout),
+    # every recomputed dropout after it would draw a different mask from the forward pass's.
+    policy = torch.utils.checkpoint.CheckpointPolicy
+    random_ops = [torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                  torch.ops.aten._scaled_dot_product_flash_attention.default, torch.ops.aten.bernoulli_.float]
+    assert all(ckpt.save_matmuls(None, op) == policy.PREFER_RECOMPUTE for op in random_ops)
+    assert not any(torch.Tag.nondeterministic_seeded in op.tags for op in ckpt._KEPT_OPS)
 
 
 def test_checkpoint_keeps_the_streams_moving_forward():

@@ -174,11 +174,13 @@ def test_max_memory_length_keeps_the_last_positions():
     assert [m.shape[1] for m in mems] == [4] * (TINY.num_layers + 1)
 
 
-@pytest.mark.parametrize("chunk", [1, 2])
-def test_checkpointed_activations_give_the_same_grads_with_dropout(chunk):
+@pytest.mark.parametrize("chunk, policy", [(1, "full"), (2, "full"), (1, "selective"), (2, "selective")])
+def test_checkpointed_activations_give_the_same_grads_with_dropout(chunk, policy):
     config = TINY.replace(embedding_dropout_prob=0.2, attention_dropout_prob=0.2, output_dropout_prob=0.2)
     plain = GLMModel(config)
-    checkpointed = GLMModel(config.replace(checkpoint_activations=True, checkpoint_num_layers=chunk))
+    checkpointed = GLMModel(
+        config.replace(checkpoint_activations=True, checkpoint_num_layers=chunk, checkpoint_policy=policy)
+    )
     checkpointed.load_state_dict(plain.state_dict())
     ids, positions = make_inputs()
     grads = []

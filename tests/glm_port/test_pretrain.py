@@ -6,7 +6,8 @@ import re
 import pytest
 
 from glm_port.arguments import parse_args
-from glm_port.pretrain_glm import log_line, main
+from glm_port.model import GLMTransformer
+from glm_port.pretrain_glm import log_line, main, model_config
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--batch-size", "2", "--log-interval", "1"]
@@ -80,6 +81,7 @@ def test_upstream_flag_prefixes_are_not_abbreviations(capsys):
     (["--load", "no/such/dir"], "--load no/such/dir: no such file or directory"),
     (["--seq-length", "64", "--max-position-embeddings", "32"], "--seq-length 64 exceeds"),
     (["--fp16", "--bf16"], "--fp16 and --bf16 are exclusive"),
+    (["--checkpoint-policy", "some"], "argument --checkpoint-policy: invalid choice: 'some'"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -104,6 +106,25 @@ def test_heads_that_do_not_divide_the_hidden_size(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*TINY, "--num-attention-heads", "3"])
     assert exit_info.value.code == "glm-pretrain: error: hidden size 32 is not divisible by 3 attention heads"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], (False, "full")),
+    (["--checkpoint-activations"], (True, "full")),
+    (["--checkpoint-policy", "selective"], (True, "selective")),  # a policy turns checkpointing on
+    (["--checkpoint-activations", "--checkpoint-policy", "full"], (True, "full")),
+])
+def test_checkpoint_flags_reach_the_model_config(argv, expected):
+    config = model_config(parse_args(argv), vocab_size=128)
+    assert (config.checkpoint_activations, config.checkpoint_policy) == expected
+
+
+def test_compile_flag_compiles_the_layers(monkeypatch, capsys):
+    # compile_layers itself is tested in test_model_training; here only that the flag reaches it.
+    compiled = []
+    monkeypatch.setattr(GLMTransformer, "compile_layers", lambda self, **options: compiled.append(len(self.layers)))
+    assert run(capsys, "--train-iters", "1", "--compile")
+    assert compiled == [1]
 
 
 def test_deepspeed_config_fields(tmp_path):

@@ -30,6 +30,10 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "data_parallel": (2, ["--batch-size", "2"], ["--batch-size", "4"]),
     "tensor_parallel": (2, ["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
     "tensor_and_data_parallel": (4, ["--batch-size", "2", "--model-parallel-size", "2"], ["--batch-size", "4"]),
+    # Selective checkpointing keeps the all-reduces' outputs; recomputing must still give the same grads.
+    "tensor_parallel_selective_checkpointing": (
+        2, ["--batch-size", "4", "--model-parallel-size", "2", "--checkpoint-policy", "selective"],
+        ["--batch-size", "4"]),
 }
 SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
 TIMEOUT_S = 240
