@@ -101,20 +101,31 @@ def step(model, batch, optimizer, precision, levers: Levers) -> float:
     return loss.item()
 
 
-def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None,
-                compile_layers: bool = False) -> tuple[float, float]:
-    """(median seconds per step after ``warmup``, seconds of the first step); ``profiler`` (torch.profiler)
-    records the timed steps only. ``compile_layers``: each transformer layer through ``torch.compile``
-    (``nn.Module.compile``, parameter names unchanged); the first step then includes the compilation."""
+def prepare(config, levers: Levers, device, dtype, compile_layers: bool = False):
+    """(model, optimizer, precision) for ``levers``, seeded alike for every row. ``compile_layers``: each
+    transformer layer through ``torch.compile`` (``nn.Module.compile``, parameter names unchanged)."""
     torch.manual_seed(0)
     model = GLMModel(config.replace(attention_impl=levers.attention)).to(device).train()
     if compile_layers:
-        for layer in model.transformer.layers:
-            layer.compile()
+        model.transformer.compile_layers()
     optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = (True, False) if levers.fused_adamw else (False, True)
-    precision = Precision(device, dtype)
+    return model, optimizer, Precision(device, dtype)
+
+
+def real_batches(tokenizer, shape, batch_size: int, count: int, device) -> list[dict]:
+    """The first ``count`` blank-infilling batches of upstream's test corpus, as glm-pretrain draws them."""
+    stream = data.build_train_batches([selfcheck.CORPUS], tokenizer, seq_length=shape.seq, batch_size=batch_size,
+                                      seed=1234, masker_kwargs={"bert_prob": 1.0})  # fmt: skip
+    return [{k: v.to(device) for k, v in next(stream).items()} for _ in range(count)]
+
+
+def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None,
+                compile_layers: bool = False) -> tuple[float, float]:
+    """(median seconds per step after ``warmup``, seconds of the first step); ``profiler`` (torch.profiler)
+    records the timed steps only; with ``compile_layers`` the first step includes the compilation."""
+    model, optimizer, precision = prepare(config, levers, device, dtype, compile_layers)
     times = []
     with contextlib.nullcontext() if levers.fused_elementwise else composed_elementwise():
         for i, batch in zip(range(warmup + steps), batches):
@@ -163,9 +174,7 @@ def main(argv=None) -> None:
         batch_size = args.batch_size or shape.batches[0]
         config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
                            num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
-        stream = data.build_train_batches([selfcheck.CORPUS], tokenizer, seq_length=shape.seq, batch_size=batch_size,
-                                          seed=1234, masker_kwargs={"bert_prob": 1.0})  # fmt: skip
-        batches = [{k: v.to(device) for k, v in next(stream).items()} for _ in range(args.warmup + args.steps)]
+        batches = real_batches(tokenizer, shape, batch_size, args.warmup + args.steps, device)
         counted = sum(b["loss_mask"].sum().item() for b in batches) / sum(b["loss_mask"].numel() for b in batches)
         rows = [STEPS[i] for i in sorted(set(args.rows))]
         seconds = {label: [] for label, _ in rows}
