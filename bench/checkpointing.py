@@ -5,9 +5,9 @@
 
 Three policies, glm-pretrain's flags in brackets: **none**; **full** (``--checkpoint-activations``):
 each layer keeps only its input and recomputes everything in backward; **selective**
-(``--checkpoint-policy selective``): each layer also keeps the outputs of its matmuls and fused
-attention kernels and recomputes the rest (LayerNorms, GELU, dropout masks, residual adds; on CPU the
-attention too, whose kernel is batched matmuls). The step is glm-pretrain's (row 6 of
+(``--checkpoint-policy selective``): each layer also keeps the outputs of its matmuls and recomputes
+the rest (LayerNorms, GELU, dropout masks, residual adds, attention: every op that draws random numbers
+runs again, SDPA's kernels included, so the dropout masks replay in order). The step is glm-pretrain's (row 6 of
 bench/pretrain_levers.py), on the same real batches for every policy.
 
 Peak memory is that of the tensors alive during one step (parameters, gradients, optimizer state,
@@ -19,6 +19,7 @@ own, as the tracker slows the step it watches.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import statistics
 import sys
@@ -47,6 +48,8 @@ def peak_step_memory(config, batch, device, dtype) -> int:
     model, optimizer, precision = prepare(config, GLM_PRETRAIN_LEVERS, device, dtype)
     step(model, batch, optimizer, precision, GLM_PRETRAIN_LEVERS)
     if device.type == "cuda":
+        gc.collect()  # nothing of the policies measured before may count here
+        torch.cuda.empty_cache()
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         step(model, batch, optimizer, precision, GLM_PRETRAIN_LEVERS)

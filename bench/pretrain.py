@@ -15,7 +15,9 @@ above 1 the three alternate (the order rotates every round) and each figure is t
 which is what to use on a loaded machine.
 
 ``half`` precision is upstream's ``--fp16`` (apex-style FP16 module, loss scaling: the only half mode
-upstream has) and glm_port's ``--bf16`` autocast. MFU (on a GPU) counts ``6 N + 12 L h s`` FLOP per
+upstream has) and glm_port's ``--bf16`` autocast. Upstream's dynamic loss scale starts at 2^32 and halves
+on each overflow, skipping that optimizer step; an iteration whose logged loss scale fell is left out of
+the median and counted under the table (on a GPU the defaults, 40 iterations after 20, let it settle). MFU (on a GPU) counts ``6 N + 12 L h s`` FLOP per
 token (N: parameters in the matmuls, the tied output layer included) against ``--peak-tflops``.
 """
 
@@ -41,6 +43,7 @@ from migrate.mock import selfcheck  # upstream's corpus, vocabulary and flags
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+LOSS_SCALE = re.compile(r"loss scale ([0-9.]+)")
 LOSS = re.compile(r"lm loss ([-+0-9.eE]+|nan|inf)")
 PEAK = re.compile(r"peak memory \(MiB\): rss ([0-9.]+) \| cuda ([0-9.]+|-)")
 PADDED_VOCAB = 30592  # BERT's 30522 rounded up to a multiple of 128, as upstream and glm_port pad it
@@ -99,10 +102,31 @@ class Run:
     losses: list[float]
     peak_mib: float
     log: Path
+    skipped: list[bool] = field(default_factory=list)  # per iteration: its optimizer step was skipped
 
     def median_ms(self, warmup: int) -> float:
-        steady = self.ms[warmup:] or self.ms
+        steady = [ms for ms, skipped in zip(self.ms[warmup:], self.skipped[warmup:]) if not skipped]
+        steady = steady or self.ms[warmup:] or self.ms
         return statistics.median(steady) if steady else float("nan")
+
+    def skipped_after(self, warmup: int) -> int:
+        return sum(self.skipped[warmup:])
+
+
+def iteration_times(text: str) -> tuple[list[float], list[bool]]:
+    """Each logged iteration's ms, and whether it skipped its optimizer step: its loss scale (fp16 runs)
+    fell below the previous line's, which upstream's dynamic scaler does only on an overflow."""
+    times, skipped, scale = [], [], None
+    for line in text.splitlines():
+        elapsed = ELAPSED.search(line)
+        if elapsed is None:
+            continue
+        logged = LOSS_SCALE.search(line)
+        new_scale = float(logged[1]) if logged else None
+        skipped.append(None not in (scale, new_scale) and new_scale < scale)
+        times.append(float(elapsed[1]))
+        scale = new_scale if new_scale is not None else scale
+    return times, skipped
 
 
 @dataclass
@@ -151,6 +175,8 @@ class Bench:
             return [sys.executable, str(PEAK_MEMORY), "-m", "glm_port.pretrain_glm", *flags], ROOT, env
         # Upstream's own flags first; the shared ones after override its sizes (argparse keeps the last).
         flags = [*selfcheck.PRETRAIN_FLAGS, *flags, *(["--fp16"] if case.precision == "half" else [])]
+        # The selfcheck's gloo would carry upstream's DDP all-reduce through host memory on a GPU.
+        flags += ["--distributed-backend", "nccl"] if self.cuda else []
         env = {**self.envs[runner], "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(selfcheck.free_port()), **threads}  # fmt: skip
         return [sys.executable, str(PEAK_MEMORY), "pretrain_glm.py", *flags], self.trees[runner], env
@@ -170,8 +196,8 @@ class Bench:
         if peak:
             rss, cuda = peak[-1]
             peak_mib = float(cuda) if self.cuda and cuda != "-" else float(rss)
-        return Run(code, [float(x) for x in ELAPSED.findall(text)], [float(x) for x in LOSS.findall(text)],
-                   peak_mib, log)  # fmt: skip
+        times, skipped = iteration_times(text)
+        return Run(code, times, [float(x) for x in LOSS.findall(text)], peak_mib, log, skipped)
 
 
 def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
@@ -198,6 +224,11 @@ def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
         losses = measured.runs[0].losses
         row += f" {losses[0]:.4f} -> {losses[-1]:.4f} |" if losses else " - |"
         lines.append(row)
+    for runner, measured in results.items():
+        skipped = sum(r.skipped_after(args.warmup) for r in measured.runs)
+        if skipped:
+            lines.append(f"{TITLES[runner]}: {skipped} timed iteration(s) skipped their optimizer step (fp16 "
+                         f"overflow) and are left out; a larger --warmup lets the loss scale settle first")
     return "\n".join(lines)
 
 
@@ -232,8 +263,10 @@ def parse_args(argv=None):
                         "both on a GPU)")
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
                         help="which of the three to run (those needing --upstream are skipped without it)")
-    parser.add_argument("--iters", type=int, default=8, help="training iterations per run (default 8)")
-    parser.add_argument("--warmup", type=int, default=2, help="first iterations left out of the median (default 2)")
+    parser.add_argument("--iters", type=int, help="training iterations per run (default 8 on CPU, 40 on a GPU)")
+    parser.add_argument("--warmup", type=int,
+                        help="first iterations left out of the median (default 2 on CPU, 20 on a GPU, where "
+                        "upstream's fp16 loss scale first falls from 2^32, skipping steps)")
     parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions of every run (default 1)")
     parser.add_argument("--threads", type=int, default=None,
                         help="OMP_NUM_THREADS for every run (default: 1 on CPU, as the selfcheck runs upstream)")
@@ -246,6 +279,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
+    cuda = torch.cuda.is_available()
+    args.iters = args.iters if args.iters is not None else 40 if cuda else 8
+    args.warmup = args.warmup if args.warmup is not None else 20 if cuda else 2
     if args.iters <= args.warmup:
         parser.error(f"--iters {args.iters} must exceed --warmup {args.warmup}")
     return args

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--checkpoint-num-layers", type=int, default=1, help="layers per checkpointed chunk")
     model.add_argument("--checkpoint-policy", choices=("full", "selective"), default=None,
                        help="what checkpointing keeps of each chunk: 'full' (the default) only its input; "
-                       "'selective' also its matmul and attention outputs, recomputing LayerNorms, GELU, "
-                       "dropout and softmax: more memory than 'full', less recompute. Implies "
+                       "'selective' also its matmul outputs, recomputing LayerNorms, GELU, dropout and "
+                       "attention: more memory than 'full', less recompute. Implies "
                        "--checkpoint-activations")
     model.add_argument("--deepspeed-activation-checkpointing", action="store_true",
                        help="same as --checkpoint-activations (shim.checkpointing is DeepSpeed's API)")

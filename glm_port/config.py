@@ -28,7 +28,7 @@ class GLMConfig:
     checkpoint_activations: bool = False  # --checkpoint-activations
     checkpoint_num_layers: int = 1  # --checkpoint-num-layers
     # What checkpointing keeps of a chunk (--checkpoint-policy): "full" only its input, "selective" also
-    # the outputs of its matmuls and attention kernels, recomputing the elementwise ops in backward.
+    # the outputs of its matmuls, recomputing the elementwise ops and attention in backward.
     checkpoint_policy: str = "full"
     # "fused": shim's fused_masked_attention (torch's SDPA on CUDA, a blocked kernel with dropout on CPU);
     # "sdpa": torch's scaled_dot_product_attention with a boolean mask, as it is;

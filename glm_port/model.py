@@ -193,7 +193,8 @@ class GLMModel(nn.Module):
 
     ``attention_mask`` is the ``sep`` form (``[b]`` or a scalar) or the full form ``[b, 1, q, m + q]``.
     ``position_ids`` is ``[b, 2, s]`` (position, block position) with 2D positions, else ``[b, s]``.
-    ``logit_positions`` (boolean ``[b, s]``) limits the logits to those positions, flattened: ``[n, V]``.
+    ``logit_positions`` (boolean ``[b, s]``, or the index tuple of its ``nonzero(as_tuple=True)``) limits
+    the logits to those positions, flattened: ``[n, V]``.
     """
 
     def __init__(self, config: GLMConfig, tp: TensorParallel | None = None):
@@ -212,7 +213,7 @@ class GLMModel(nn.Module):
         hidden = self.word_embeddings(input_ids)
         hidden, new_mems = self.transformer(hidden, position_ids, attention_mask, mems, return_memory=return_memory)
         if logit_positions is not None:
-            # Boolean [b, s]: logits [n, V] for the n selected positions only. Training counts the loss
+            # Logits [n, V] for the n selected positions only. Training counts the loss
             # of Part B alone, so the vocabulary projection and the loss skip most of the sequence.
             hidden = hidden[logit_positions]
         # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.

@@ -110,7 +110,8 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     gradient of that global loss.
     """
     # Positions with a zero mask add nothing to the loss nor to any gradient: project only the others.
-    counted = batch["loss_mask"] != 0
+    # Their indices are found once, before the forward (on a GPU, one host sync while the queue is short).
+    counted = (batch["loss_mask"] != 0).nonzero(as_tuple=True)
     logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
     losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
     loss_mask = batch["loss_mask"][counted].to(losses.dtype)

@@ -60,3 +60,19 @@ def test_glm_port_command_of_the_gpu_case_parses_in_glm_pretrain(precision, tmp_
         24, 1024, 16, 512, 16)
     assert args.checkpoint_activations and args.checkpoint_num_layers == 2
     assert args.bf16 == (precision == "half")
+
+
+def test_fp16_iterations_whose_loss_scale_fell_are_left_out():
+    bench = load_pretrain_bench()
+    log = "\n".join(
+        f" iteration {i}/ 6 | elapsed time per iteration (ms): {ms} | lm loss 1.0 | loss scale {scale} |"
+        for i, (ms, scale) in enumerate([(90, 2.0**32), (91, 2.0**31), (92, 2.0**30), (100, 2.0**30),
+                                         (70, 2.0**29), (102, 2.0**29)], start=1)
+    )
+    times, skipped = bench.iteration_times("setup line\n" + log + "\npeak memory (MiB): rss 1 | cuda -")
+    assert times == [90, 91, 92, 100, 70, 102]
+    assert skipped == [False, True, True, False, True, False]
+    run = bench.Run(0, times, [], 1.0, Path("log"), skipped)
+    assert run.skipped_after(2) == 2 and run.median_ms(2) == 101  # 92 and 70 skipped their step
+    no_scale = bench.iteration_times(" iteration 1/ 1 | elapsed time per iteration (ms): 5.0 | lm loss 1.0 |")
+    assert no_scale == ([5.0], [False])
