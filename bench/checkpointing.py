@@ -28,12 +28,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 import shim as torch
-from glm_port import GLMConfig, data
-from migrate.mock import selfcheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain import SHAPES, add_vocab_argument  # noqa: E402
-from pretrain_levers import STEPS, prepare, real_batches, step, time_levers  # noqa: E402
+from pretrain_levers import STEPS, prepare, shape_setup, step, step_setup, time_levers  # noqa: E402
 
 POLICIES = {
     "none": {},
@@ -77,20 +75,9 @@ def main(argv=None) -> None:
     add_vocab_argument(parser)
     args = parser.parse_args(argv)
 
-    device = torch.device()
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    selfcheck.ensure_corpus(args.vocab)
-    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(args.vocab))
-    print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
-          f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
+    device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:
-        shape = SHAPES[name]
-        batch_size = args.batch_size or shape.batches[0]
-        config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
-                           num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
-        batches = real_batches(tokenizer, shape, batch_size, args.warmup + args.steps, device)
+        shape, batch_size, config, batches = shape_setup(name, args, tokenizer, device)
         policies = list(dict.fromkeys(args.policies))
         seconds = {policy: [] for policy in policies}
         jobs = [policies[(i + r) % len(policies)] for r in range(args.rounds) for i in range(len(policies))]

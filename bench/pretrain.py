@@ -17,8 +17,9 @@ which is what to use on a loaded machine.
 ``half`` precision is upstream's ``--fp16`` (apex-style FP16 module, loss scaling: the only half mode
 upstream has) and glm_port's ``--bf16`` autocast. Upstream's dynamic loss scale starts at 2^32 and halves
 on each overflow, skipping that optimizer step; an iteration whose logged loss scale fell is left out of
-the median and counted under the table (on a GPU the defaults, 40 iterations after 20, let it settle). MFU (on a GPU) counts ``6 N + 12 L h s`` FLOP per
-token (N: parameters in the matmuls, the tied output layer included) against ``--peak-tflops``.
+the median and counted under the table (on a GPU the defaults, 40 iterations after 20, let it settle).
+MFU (on a GPU) counts ``6 N + 12 L h s`` FLOP per token (N: parameters in the matmuls, the tied output
+layer included) against ``--peak-tflops``.
 """
 
 from __future__ import annotations

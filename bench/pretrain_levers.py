@@ -121,6 +121,28 @@ def real_batches(tokenizer, shape, batch_size: int, count: int, device) -> list[
     return [{k: v.to(device) for k, v in next(stream).items()} for _ in range(count)]
 
 
+def step_setup(args):
+    """(device, dtype, tokenizer) from the common flags (--threads, --bf16, --vocab); prints the run's line."""
+    device = torch.device()
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    selfcheck.ensure_corpus(args.vocab)
+    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(args.vocab))
+    print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
+          f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
+    return device, dtype, tokenizer
+
+
+def shape_setup(name: str, args, tokenizer, device):
+    """(shape, batch size, GLMConfig, the real batches every row steps through) for ``--shapes`` entry ``name``."""
+    shape = SHAPES[name]
+    batch_size = args.batch_size or shape.batches[0]
+    config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
+                       num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
+    return shape, batch_size, config, real_batches(tokenizer, shape, batch_size, args.warmup + args.steps, device)
+
+
 def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None,
                 compile_layers: bool = False) -> tuple[float, float]:
     """(median seconds per step after ``warmup``, seconds of the first step); ``profiler`` (torch.profiler)
@@ -161,20 +183,9 @@ def main(argv=None) -> None:
                         help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
 
-    device = torch.device()
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    selfcheck.ensure_corpus(args.vocab)
-    tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(args.vocab))
-    print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
-          f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
+    device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:
-        shape = SHAPES[name]
-        batch_size = args.batch_size or shape.batches[0]
-        config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
-                           num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
-        batches = real_batches(tokenizer, shape, batch_size, args.warmup + args.steps, device)
+        shape, batch_size, config, batches = shape_setup(name, args, tokenizer, device)
         counted = sum(b["loss_mask"].sum().item() for b in batches) / sum(b["loss_mask"].numel() for b in batches)
         rows = [STEPS[i] for i in sorted(set(args.rows))]
         seconds = {label: [] for label, _ in rows}
