@@ -37,6 +37,7 @@ __all__ = [
     "is_configured",
     "model_parallel_cuda_manual_seed",
     "reset",
+    "save_matmuls",
 ]
 
 # The stream name Megatron and DeepSpeed use for tensor-parallel dropout.
