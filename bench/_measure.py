@@ -15,11 +15,14 @@ threads), which other processes on shared cores disturb less (speedup uses the m
 from __future__ import annotations
 
 import json
+import math
 import resource
 import statistics
 import subprocess
 import sys
 import time
+
+from tqdm import tqdm
 
 MIB = 1 << 20
 
@@ -87,8 +90,19 @@ def run_worker(script: str, variant: str, argv: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_agreeing_variants(script: str, variants, argv: list[str]) -> tuple[list[dict], float]:
+    """A fresh worker per variant (``run_worker``); the rows and their common loss, refusing variants
+    whose losses (the workers' checksums) disagree."""
+    rows = [{"variant": v, **run_worker(script, v, argv)} for v in tqdm(variants, desc="variants", leave=False)]
+    losses = [r["checksum"] for r in rows]
+    if not all(math.isclose(loss, losses[0], rel_tol=1e-3) for loss in losses):
+        raise SystemExit(f"variants disagree on the loss: {dict(zip(variants, losses))}")
+    return rows, losses[0]
+
+
 def print_table(rows: list[dict], reference: str) -> None:
-    """One line per variant, with time and extra-peak ratios against ``reference``."""
+    """One line per variant, with time and extra-peak ratios against ``reference``; "saved MiB" (what
+    autograd keeps for backward) shows "-" for benches that do not measure it."""
     ref = next(r for r in rows if r["variant"] == reference)
     print(
         f"{'variant':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'extra peak MiB':>15} "
@@ -99,6 +113,10 @@ def print_table(rows: list[dict], reference: str) -> None:
         peak_ratio = r["extra_peak_mib"] / ref["extra_peak_mib"] if ref["extra_peak_mib"] > 0 else float("nan")
         print(
             f"{r['variant']:<18} {r['median_ms']:>10.1f} {r['min_ms']:>9.1f} {r['cpu_ms']:>9.1f} "
-            f"{r['extra_peak_mib']:>15.1f} {r['saved_mib']:>10.1f} "
+            f"{r['extra_peak_mib']:>15.1f} {_saved(r):>10} "
             f"{speedup:>7.2f}x {peak_ratio:>11.2f}"
         )
+
+
+def _saved(row: dict) -> str:
+    return f"{row['saved_mib']:.1f}" if "saved_mib" in row else "-"

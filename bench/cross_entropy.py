@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
-from tqdm import tqdm
 
-from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from _measure import measure_step, print_table, run_agreeing_variants, saved_for_backward_mib
 
 VARIANTS = ("mpu", "torch", "shim")
 
@@ -84,13 +82,8 @@ def main(argv=None) -> None:
         return
 
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
-    rows = []
-    for variant in tqdm(VARIANTS, desc="variants", leave=False):
-        rows.append({"variant": variant, **run_worker(__file__, variant, forwarded)})
-    losses = [r["checksum"] for r in rows]
-    if not all(math.isclose(loss, losses[0], rel_tol=1e-3) for loss in losses):
-        raise SystemExit(f"variants disagree on the loss: {dict(zip(VARIANTS, losses))}")
-    print(f"N={args.rows} V={args.vocab} {args.dtype}, forward+backward, loss {losses[0]:.4f}")
+    rows, loss = run_agreeing_variants(__file__, VARIANTS, forwarded)
+    print(f"N={args.rows} V={args.vocab} {args.dtype}, forward+backward, loss {loss:.4f}")
     print_table(rows, reference="mpu")
 
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 
-from tqdm import tqdm
 
-from _measure import measure_step, print_table, run_worker
+from _measure import measure_step, print_table, run_agreeing_variants
 
 VARIANTS = ("composed", "loss_parallel", "shim")
 
@@ -134,14 +132,9 @@ def main(argv=None) -> None:
         return
 
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
-    rows = []
-    for variant in tqdm(VARIANTS, desc="variants", leave=False):
-        rows.append({"variant": variant, **run_worker(__file__, variant, forwarded)})
-    losses = [r["checksum"] for r in rows]
-    if not all(math.isclose(loss, losses[0], rel_tol=1e-3) for loss in losses):
-        raise SystemExit(f"variants disagree on the loss: {dict(zip(VARIANTS, losses))}")
+    rows, loss = run_agreeing_variants(__file__, VARIANTS, forwarded)
     print(f"2 ranks, N={args.rows} V={args.vocab} ({args.vocab // 2} per rank) {args.dtype}, "
-          f"forward+backward, loss {losses[0]:.4f}; rank 0's numbers")
+          f"forward+backward, loss {loss:.4f}; rank 0's numbers")
     print_table(rows, reference="composed")
 
 

@@ -123,6 +123,17 @@ def check_data_parallel_2_fsdp():
         _assert_grads_match(model, reference[0])
 
 
+def _step_and_check_loss(schedule, stage: int, reference_loss):
+    """One pipeline step of two stages: stage 0 feeds the inputs, stage 1 checks the mean loss."""
+    x, y = _inputs()
+    if stage == 0:
+        schedule.step(x)
+    else:
+        losses = []
+        schedule.step(target=y, losses=losses)
+        torch.testing.assert_close(torch.stack(losses).mean(), reference_loss, **TOL)
+
+
 def check_pipeline_parallel_2():
     reference, reference_loss = _reference(num_layers=2)
     with layout(pipeline_parallel_size=2, pipeline_num_layers=2):
@@ -132,13 +143,7 @@ def check_pipeline_parallel_2():
         stage_module = nn.Sequential(*[copy.deepcopy(reference[i]) for i in sdist.stage_layers()])
         stage_module.zero_grad()
         schedule = sdist.pipeline_schedule(stage_module, n_microbatches=2, loss_fn=nn.functional.mse_loss)
-        x, y = _inputs()
-        if stage == 0:
-            schedule.step(x)
-        else:
-            losses = []
-            schedule.step(target=y, losses=losses)
-            torch.testing.assert_close(torch.stack(losses).mean(), reference_loss, **TOL)
+        _step_and_check_loss(schedule, stage, reference_loss)
         _assert_grads_match(stage_module[0], reference[stage])
 
 
@@ -165,13 +170,7 @@ def check4_tensor_parallel_2_with_pipeline_parallel_2():
         stage = sdist.current_layout().pipeline_stage
         stage_module = nn.Sequential(*[_seeded_block(i) for i in sdist.stage_layers()])
         schedule = sdist.pipeline_schedule(stage_module, n_microbatches=2, loss_fn=nn.functional.mse_loss)
-        x, y = _inputs()
-        if stage == 0:
-            schedule.step(x)
-        else:
-            losses = []
-            schedule.step(target=y, losses=losses)
-            torch.testing.assert_close(torch.stack(losses).mean(), reference_loss, **TOL)
+        _step_and_check_loss(schedule, stage, reference_loss)
         _assert_grads_match(stage_module[0], reference[stage], tp_size=2)
 
 
