@@ -25,7 +25,7 @@ from tqdm import tqdm
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from glm_port.config import GLMConfig
 from glm_port.model import GLMModel
 from glm_port.parallel import ParallelEnv, local_state_dict
@@ -118,6 +118,9 @@ def setup(args) -> Run:
             args.load, model, tp_rank=env.tp_rank, optimizer=optimizer, scheduler=scheduler,
             grad_scaler=precision.scaler, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
         )
+        if env.is_main:
+            print(f" loaded checkpoint {find_checkpoint(args.load, env.tp_rank).parent} at iteration {iteration}",
+                  flush=True)
     masker_kwargs = dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
                          gap_sentence_prob=args.gap_sentence_prob, gpt_min_ratio=args.gpt_min_ratio,
                          task_mask=args.task_mask)
@@ -186,6 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckpointError, OSError, ValueError) as error:
         sys.exit(f"glm-pretrain: error: {error}")
     start = run.iteration
+    if start >= args.train_iters:
+        if run.env.is_main:
+            print(f" nothing to train: the checkpoint is at iteration {start} and --train-iters is "
+                  f"{args.train_iters} (raise --train-iters to train on)", flush=True)
+        run.env.close()
+        return
     try:
         train(args, run)
         if args.save and run.iteration != start and run.iteration % args.save_interval:
