@@ -20,7 +20,7 @@ from shim._forward import forward_to as _forward_to
 
 _COLLECTIVES = (
     "SingleProcessGroup all_gather all_gather_into_tensor all_gather_object all_reduce all_to_all "
-    "all_to_all_single barrier broadcast broadcast_object_list gather gather_object get_rank "
+    "all_to_all_single barrier broadcast broadcast_object_list destroy_process_group gather gather_object get_rank "
     "get_world_size init_process_group monitored_barrier new_group reduce reduce_scatter "
     "reduce_scatter_tensor scatter scatter_object_list"
 ).split()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import datetime
 import functools
+import gc
 import inspect
 import os
+import sys
 
 import torch
 import torch.distributed as _dist
@@ -30,6 +32,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "destroy_process_group",
     "gather",
     "gather_object",
     "get_rank",
@@ -230,3 +233,37 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         store=store,
         **kwargs,
     )
+
+
+def destroy_process_group(group=None) -> None:
+    """``torch.distributed.destroy_process_group``, after which the groups' threads are really gone.
+
+    torch drops its own references, but every ``DeviceMesh`` keeps its dims' groups in
+    ``_pg_registry``, and DTensor's sharding and redistribute caches keep the meshes: after a
+    DTensor collective, torch's call leaves each gloo group alive, two ``pt_gloo_runloop`` and one
+    ``gloo_tcp_loop`` thread apiece, until interpreter shutdown. A thread that then touches a
+    Python object is ended by the finalizing interpreter (``pthread_exit``) inside a ``noexcept``
+    frame: "terminate called without an active exception", SIGABRT at exit, now and then. Here
+    the meshes let go of the destroyed groups, so they are freed (threads joined) at this call.
+    """
+    whole_world = group is None or group is _dist.GroupMember.WORLD
+    destroyed = set(_dist.distributed_c10d._world.pg_map) if whole_world else {group}
+    _dist.destroy_process_group(group)
+    if whole_world:
+        from shim.distributed.layout import reset_dist_util
+
+        reset_dist_util()  # its meshes name groups that no longer exist
+    _forget_in_device_meshes(destroyed)
+
+
+def _forget_in_device_meshes(groups) -> None:
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    if device_mesh is None or not groups:
+        return  # no mesh was ever built
+    mesh_type = device_mesh.DeviceMesh
+    for obj in gc.get_objects():
+        if type(obj) is mesh_type:
+            registry = getattr(obj, "_pg_registry", None) or {}
+            for name in [name for name, pg in registry.items() if pg in groups]:
+                del registry[name]
+    gc.collect()
