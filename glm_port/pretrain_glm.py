@@ -25,10 +25,9 @@ from tqdm import tqdm
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel
-from glm_port.parallel import ParallelEnv, local_state_dict
+from glm_port.checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.distributed import ParallelEnv, local_state_dict
+from glm_port.models.glm import GLMConfig, GLMModel
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
 
 
@@ -101,7 +100,7 @@ def setup(args) -> Run:
     set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     config = model_config(args, tokenizer.vocab_size)
-    model = GLMModel(config, env.tensor_parallel()).to(env.device)
+    model = GLMModel(config).to(env.device)  # after ParallelEnv: its layout splits the layers
     if args.compile:
         model.transformer.compile_layers()
     decay_iters = args.lr_decay_iters or args.train_iters

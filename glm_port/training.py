@@ -1,4 +1,4 @@
-"""One GLM training step and what it needs: optimizer, learning-rate schedule, loss, precision.
+"""One training step and what it needs: optimizer, learning-rate schedule, loss, precision.
 
 Numerics are upstream's: AdamW math (apex FusedAdam's ``adam_w_mode``), no weight decay on biases and
 LayerNorm, AnnealingLR's warmup and decay, gradient clipping by global norm, and the loss
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
-from glm_port.model import weight_decay_param_groups
-from glm_port.parallel import ParallelEnv
+from glm_port.distributed import ParallelEnv
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 
@@ -57,6 +56,15 @@ class OptimizerSettings:
     decay_iters: int = 1
     decay_style: str = "linear"
     decay_ratio: float = 0.1
+
+
+def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Upstream's grouping: no weight decay on biases and normalisation weights (the 1-D parameters)."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.dim() < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(model, settings: OptimizerSettings):
