@@ -129,8 +129,7 @@ class GLMTokenizer:
     # ---- text <-> ids -----------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``[CLS] ids [eos]`` as upstream's ``generate_samples.py`` (no ``[eos]`` after a final ``[gMASK]``)."""
-        ids = self.vocab.encode(text)
-        self._check_masks(text, ids)
+        ids = self._encode_with_masks(text)
         if not add_special_tokens:
             return ids
         ids = [self.cls_token_id, *ids]
@@ -138,13 +137,27 @@ class GLMTokenizer:
             ids.append(self.eos_token_id)
         return ids
 
-    def _check_masks(self, text: str, ids: Sequence[int]) -> None:
-        wanted = len(_MASK_PATTERN.findall(text))
-        found = sum(1 for i in ids if i in self.mask_token_ids)
-        if wanted != found:
-            names = sorted(set(_MASK_PATTERN.findall(text)))
-            raise ValueError(f"the {self.vocab.name} vocabulary has no token for {', '.join(names)} "
-                             f"(found {found} of {wanted} blanks in {text[:60]!r})")
+    def _encode_with_masks(self, text: str) -> list[int]:
+        """Blanks map to their ids whatever the vocabulary calls them (RoBERTa's [MASK] is its ``<mask>``);
+        the space before a blank is dropped, as upstream's ``lstrip`` command tokens do."""
+        ids: list[int] = []
+        start = 0
+        for match in _MASK_PATTERN.finditer(text):
+            blank = self._blank_ids.get(match.group())
+            if blank is None:
+                raise ValueError(f"the {self.vocab.name} vocabulary has no {match.group()} token "
+                                 f"(in {text[:60]!r})")
+            piece = text[start:match.start()].rstrip()
+            ids += self.vocab.encode(piece) if piece else []
+            ids.append(blank)
+            start = match.end()
+        rest = text[start:]
+        ids += self.vocab.encode(rest) if rest.strip() else []
+        return ids
+
+    @property
+    def _blank_ids(self) -> dict:
+        return {"[MASK]": self.mask_token_id, SMASK: self.smask_token_id, GMASK: self.gmask_token_id}
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
