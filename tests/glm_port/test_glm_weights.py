@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from glm_port import GLMConfig, GLMModel
-from glm_port.checkpoint import save_checkpoint
+from glm_port.checkpoint_io import save_checkpoint
 from glm_port.models.glm import weights
 from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
 

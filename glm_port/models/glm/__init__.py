@@ -1,1 +1,6 @@
-"""The GLM family: the model for inference (``hf``), its tokenizer and weight loading."""
+"""GLM (THUDM/GLM): config, model, attention mask, weight names."""
+
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.model import GLMModel
+
+__all__ = ["GLMConfig", "GLMModel"]

@@ -21,8 +21,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import shim as torch
 import shim.nn.functional as F
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.model import GLMModel
 
 
 class GLMPretrainedConfig(PretrainedConfig):
@@ -148,12 +148,13 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
             hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
                                                               else position_ids[:, 0])
         hidden = transformer.embedding_dropout(hidden)
+        layer_cache = cache if use_cache is not False else None
         for index, layer in enumerate(transformer.layers):
-            hidden = _layer_step(layer, hidden, visible, cache if use_cache is not False else None, index)
+            hidden = layer(hidden, visible, cache=layer_cache, layer_index=index)
         hidden = transformer.final_layernorm(hidden)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = glm.tp.tied_logits(hidden, glm.word_embeddings)
+        logits = glm.word_embeddings.logits(hidden)
         loss = None
         if labels is not None:
             counted = labels != -100
@@ -216,17 +217,3 @@ def _visible(attention_mask, batch_size, query_length, past, device):
     cols = torch.arange(keys, device=device).view(1, 1, -1)
     return ((cols <= rows) | (cols < sep)).unsqueeze(1)
 
-
-def _layer_step(layer, hidden, visible, cache, index):
-    """One transformer layer over the new positions, its keys and values appended to ``cache``."""
-    attention = layer.attention
-    normed = layer.input_layernorm(hidden)
-    qkv = attention.tp.column_matmul(attention.query_key_value, normed)
-    qkv = qkv + attention.tp.local(attention.query_key_value.bias).to(qkv.dtype)
-    q, k, v = (attention._heads(t) for t in qkv.chunk(3, dim=-1))
-    if cache is not None:
-        k, v = cache.update(k, v, index)
-    context = attention.attend(q, k, v, visible, 0.0).transpose(1, 2).flatten(2)
-    out = attention.tp.row_matmul(attention.dense, context).to(hidden.dtype)
-    hidden = hidden + out + attention.tp.local(attention.dense.bias).to(hidden.dtype)
-    return layer.mlp(layer.post_attention_layernorm(hidden), residual=hidden)

@@ -1,4 +1,7 @@
-"""GLM weights in every form a GLM user has them, loaded with no conversion step.
+"""GLM weights in every form a GLM user has them, loaded with no conversion step; GLM's weight names.
+
+THUDM's converter saves upstream's ``checkpoint['module']`` as it is; its remote code's
+``base_model_prefix = "glm"`` nests the same keys under ``glm.`` when it saves again. Both load.
 
 Sources (``find_source``):
 
@@ -34,6 +37,17 @@ from typing import Callable, Iterator
 import shim as torch
 
 HF_PREFIX = "glm."
+
+
+def without_hf_prefix(weights: dict) -> dict:
+    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
+    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
+
+
+def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
+    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
+    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
+        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
 TRACKERS = ("latest_checkpointed_iteration.txt", "latest")
 MP_RANK = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -283,7 +297,7 @@ def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0) -> It
 def source_config(source: WeightSource, overrides: dict | None = None):
     """A ``GLMPretrainedConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
     from glm_port.models.glm.hf import GLMPretrainedConfig
-    from glm_port.config import GLMConfig
+    from glm_port.models.glm.config import GLMConfig
 
     overrides = dict(overrides or {})
     if source.config is not None:
