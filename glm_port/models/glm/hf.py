@@ -155,6 +155,12 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = glm.word_embeddings.logits(hidden)
+        table = glm.word_embeddings.weight
+        if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
+            from torch.distributed.tensor import DTensor, Shard
+
+            logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
+                                        run_check=False).full_tensor()
         loss = None
         if labels is not None:
             counted = labels != -100

@@ -347,7 +347,7 @@ def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size:
         if name not in expected:
             raise WeightsError(f"{source.path}: unexpected weight {name} (not a GLM of this architecture?)")
         want = expected[name]
-        local_shape = list(getattr(want, "_local_tensor", want).shape)
+        local_shape = list(torch.to_local(want).shape)
         if list(tensor.shape) != local_shape:
             raise WeightsError(f"{source.path}: {name} is {list(tensor.shape)} there, {local_shape} in the model "
                                f"(config.json, or the tensor-parallel size {tp_size}, does not fit)")
@@ -380,20 +380,38 @@ def _assign_parameter(model, qualified: str, tensor) -> None:
 
 
 def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **overrides):
-    """``cls.from_pretrained``: build on the meta device, fill from ``path``, return it in eval mode."""
+    """``cls.from_pretrained``: build on the meta device, fill from ``path``, return it in eval mode.
+
+    ``tensor_parallel`` (an object with ``size`` and ``rank``; the layout already set up by shim's
+    ``setup_dist_util``): the model is built with its layers split, and each rank reads and copies in only
+    its own slices (Megatron's layout, which shim's split layers hold locally).
+    """
     source = find_source(path)
     config = source_config(source, overrides)
     tp_size = getattr(tensor_parallel, "size", 1)
     tp_rank = getattr(tensor_parallel, "rank", 0)
-    if tp_size > 1:
-        raise WeightsError("tensor-parallel loading goes through glm_port.generation.parallel")
     dtype = _dtype(dtype)
-    with torch.device("meta"):
-        model = cls(config)
-    load_state(model, source, dtype=dtype, device=device, tp_size=tp_size, tp_rank=tp_rank)
+    if tp_size == 1:
+        with torch.device("meta"):
+            model = cls(config)
+        load_state(model, source, dtype=dtype, device=device, tp_size=1, tp_rank=0)
+    else:
+        # DTensor parameters cannot be swapped for plain tensors: build them split, copy the slices in.
+        with torch.device(device or "cpu"):
+            model = cls(config)
+        load_state(model, source, dtype=None, device=device, tp_size=tp_size, tp_rank=tp_rank, assign=_copy_local)
+        if dtype is not None:
+            model.to(dtype)
     model.eval()
     model.source = source
     return model
+
+
+def _copy_local(model, qualified: str, tensor) -> None:
+    target = model.get_parameter(qualified) if qualified in dict(model.named_parameters()) else \
+        model.get_buffer(qualified)
+    with torch.no_grad():
+        torch.to_local(target).copy_(tensor)
 
 
 def _dtype(dtype):
