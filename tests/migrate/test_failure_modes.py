@@ -297,3 +297,46 @@ def test_markdown_report_prints_every_note_and_reason_whole():
         assert " ".join(rule.note.split()).replace("|", "\\|") in text, rule.code
     assert "An explicit device index is replaced by the active device." in text  # CUD004, marked review
     assert reason.strip() in text
+
+
+# -- 7. --verify when a run fails: one line with the cause, no progress bars in a log ------------------
+
+FAILING_PRETRAIN = """\
+import sys
+print("using world size: 1 and model-parallel size: 1")
+import glm_migrate_test_absent_module  # as upstream's `from tensorboardX import SummaryWriter` fails without it
+"""
+
+
+@pytest.mark.parametrize("mode", ["1", "dp2"])
+def test_a_failed_run_is_named_by_the_exception_it_ended_on(mode, tmp_path):
+    from migrate import verify
+
+    tree = tmp_path / "GLM"
+    tree.mkdir()
+    (tree / "pretrain_glm.py").write_text(FAILING_PRETRAIN)
+    run = verify.pretrain(tree, verify.ported_env(), mode, 2, 300, ["pretrain_glm.py"])
+    assert run.code != 0 and run.losses == []
+    assert run.cause == ("ModuleNotFoundError: No module named 'glm_migrate_test_absent_module'; "
+                         "upstream's dependencies: pip install -e \".[upstream]\" (docs/upstream.md)")  # not torchrun's own error
+
+
+def test_verify_says_in_one_line_why_a_run_failed(tmp_path, monkeypatch, capsys):
+    from migrate import verify
+
+    original, ported = tmp_path / "GLM", tmp_path / "GLM-ported"
+    for tree in (original, ported):
+        tree.mkdir()
+        (tree / "pretrain_glm.py").write_text(FAILING_PRETRAIN)
+    monkeypatch.setattr(verify, "prepare", lambda upstream, workdir, vocab: (original, ported))
+    monkeypatch.setattr(verify, "static_problems", lambda src, dst: [])
+    assert verify.main([str(original), "--modes", "1", "--iters", "2", "--no-mpu-tests", "--workdir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    failed = [line for line in out if "run failed" in line]
+    assert [line.split(" (log: ")[0] for line in failed] == [
+        f"{side} run failed: ModuleNotFoundError: No module named 'glm_migrate_test_absent_module'; "
+        "upstream's dependencies: pip install -e \".[upstream]\" (docs/upstream.md)" for side in ("original", "ported")]
+    assert not any(word in captured.out for word in ("MISMATCH", "nan", "speed", "| iteration |"))
+    assert out[-1].startswith("0 of 1 modes match; failing: 1; logs in")
+    assert captured.err == ""  # stderr is no terminal here: no progress bar to end up in a log
