@@ -226,12 +226,17 @@ def read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
-def foreign_entries(directory: Path) -> list[str]:
-    """Paths in ``directory`` its manifest does not list as they are now: added, edited, or replaced."""
+def foreign_entries(directory: Path, besides: Path | None = None) -> list[str]:
+    """Paths in ``directory`` its manifest does not list as they are now: added, edited, or replaced
+    (everything, when there is no manifest). ``besides``: a directory inside it to leave out."""
     manifest = read_manifest(directory) or {"files": {}}
     listed = manifest["files"]
     parents = {p.as_posix() for rel in listed for p in Path(rel).parents if p != Path(".")}
     files, directories = _entries(directory)
+    if besides is not None:
+        inside = besides.relative_to(directory).as_posix()
+        files = {rel: e for rel, e in files.items() if not rel.startswith(inside + "/")}
+        directories = {rel for rel in directories if rel != inside and not rel.startswith(inside + "/")}
     foreign = [rel for rel, entry in files.items() if listed.get(rel) != entry]
     foreign += [rel + "/" for rel in directories if rel not in parents]
     return sorted(foreign)
@@ -352,6 +357,9 @@ def write_tree(results: list[Result], root: Path, dst: Path, extra: dict[str, st
 def _swap_contents(dst: Path, staging: Path) -> None:
     """Replace DST's entries (all glm-migrate's, checked before) by staging's, then remove the old
     ones. Renames within DST's own file system; on a failure half-way, what moved is moved back."""
+    foreign = foreign_entries(dst, besides=staging)  # checked before; again, for what came in since
+    if foreign:
+        raise MigrateError(f"destination {dst} changed while glm-migrate ran: {', '.join(foreign[:5])}; left as it is")
     old = Path(tempfile.mkdtemp(prefix=f".{_TOOL}-old.", dir=dst))
     moved_out, moved_in = [], []
     try:

@@ -340,3 +340,18 @@ def test_verify_says_in_one_line_why_a_run_failed(tmp_path, monkeypatch, capsys)
     assert not any(word in captured.out for word in ("MISMATCH", "nan", "speed", "| iteration |"))
     assert out[-1].startswith("0 of 1 modes match; failing: 1; logs in")
     assert captured.err == ""  # stderr is no terminal here: no progress bar to end up in a log
+
+
+def test_a_file_put_into_dst_while_it_runs_is_not_deleted(work, monkeypatch, capsys):
+    src, dst = work / "GLM", work / "out"
+    dst.mkdir()  # empty when checked
+    fill = runner._fill
+
+    def fill_then_user_writes(staging, *args):
+        fill(staging, *args)
+        (dst / "arrived_meanwhile.txt").write_text("mine")
+
+    monkeypatch.setattr(runner, "_fill", fill_then_user_writes)
+    assert main([str(src), "-o", str(dst), "-q"]) == 2
+    assert "changed while glm-migrate ran: arrived_meanwhile.txt" in capsys.readouterr().err
+    assert os.listdir(dst) == ["arrived_meanwhile.txt"]
