@@ -46,11 +46,12 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", type=Path, metavar="SRC", help="source tree (or one .py file) to migrate")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("-o", "--output", type=Path, metavar="DST", help="write the migrated tree here")
+    out.add_argument("-o", "--output", type=Path, metavar="DST", help="write the migrated tree here (SRC a .py file and DST NAME.py: that one file)")
     out.add_argument("--in-place", action="store_true", help="rewrite the files under SRC")
     p.add_argument("--diff", action="store_true", help="print a unified diff and write nothing")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if anything would change (for CI)")
+                   help="write nothing; list the files that would change or could not be checked, "
+                   "and exit 1 if there is any (for CI)")
     p.add_argument("-j", "--jobs", type=int, default=0, metavar="N",
                    help="worker processes (default: one per core)")
     p.add_argument("--select", type=_codes, metavar="CODES",

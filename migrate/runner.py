@@ -256,7 +256,10 @@ def _write_manifest(directory: Path, source: Path) -> None:
 def migrate_tree(options: Options) -> tuple[Path, list[Result], dict]:
     """Migrate every file under ``options.src``: (root, results, summary). Writes nothing."""
     started = time.perf_counter()
-    _check_paths(options)
+    try:
+        _check_paths(options)
+    except OSError as exc:  # e.g. a DST it may not read
+        raise MigrateError(f"cannot read {exc.filename}: {exc.strerror}") from None
     rules = RuleSet(load_rules(options.rules_dir), options.select, options.ignore)
     root, python_files, other_files = _walk(options.src)
     try:
@@ -379,7 +382,7 @@ def _swap_contents(dst: Path, staging: Path) -> None:
         old.rmdir()
         raise
     staging.rmdir()
-    shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)  # DST is complete; a leftover would be named by the next --force
 
 
 def _write_atomic(path: Path, data: bytes, mode_from: Path | None = None) -> None:
