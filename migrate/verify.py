@@ -52,7 +52,9 @@ EXTRA_FLAGS = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 ABSENT = "apex,amp_C,deepspeed"
 PORTED_LAUNCH = ["-m", "migrate.without", ABSENT, "pretrain_glm.py"]
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
-RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:")  # torchrun may prefix each line of a rank's output
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]: ?")  # torchrun may prefix each line of a rank's output
+# ``Name: message`` (no space in the name), or a bare name that reads as an exception
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*: \S.*|[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))$")
 INSTALL_HINT = 'upstream\'s dependencies: pip install -e ".[upstream]" (docs/upstream.md)'
 
 
@@ -61,10 +63,11 @@ def failure_cause(code: int, text: str) -> str:
     lines = [RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
-            for later in lines[i + 1:]:
-                if later and not later[0].isspace():
-                    hint = f"; {INSTALL_HINT}" if later.startswith("ModuleNotFoundError") else ""
-                    return later + hint
+            # the exception line that ends it; two ranks' tracebacks may interleave line by line
+            later = next((x for x in lines[i + 1:] if EXCEPTION_LINE.match(x)), None)
+            if later:
+                hint = f"; {INSTALL_HINT}" if later.startswith("ModuleNotFoundError") else ""
+                return later + hint
     timed_out = re.search(r"\[timed out after (\d+) s\]", text)
     if timed_out:
         return f"timed out after {timed_out.group(1)} s"

@@ -318,7 +318,8 @@ def test_a_failed_run_is_named_by_the_exception_it_ended_on(mode, tmp_path):
     run = verify.pretrain(tree, verify.ported_env(), mode, 2, 300, ["pretrain_glm.py"])
     assert run.code != 0 and run.losses == []
     assert run.cause == ("ModuleNotFoundError: No module named 'glm_migrate_test_absent_module'; "
-                         "upstream's dependencies: pip install -e \".[upstream]\" (docs/upstream.md)")  # not torchrun's own error
+                         "upstream's dependencies: pip install -e \".[upstream]\" (docs/upstream.md)"), \
+        run.log.read_text()[-4000:]  # the rank's error, not torchrun's own
 
 
 def test_verify_says_in_one_line_why_a_run_failed(tmp_path, monkeypatch, capsys):
@@ -355,3 +356,27 @@ def test_a_file_put_into_dst_while_it_runs_is_not_deleted(work, monkeypatch, cap
     assert main([str(src), "-o", str(dst), "-q"]) == 2
     assert "changed while glm-migrate ran: arrived_meanwhile.txt" in capsys.readouterr().err
     assert os.listdir(dst) == ["arrived_meanwhile.txt"]
+
+
+def test_failure_cause_reads_interleaved_rank_tracebacks():
+    from migrate import verify
+
+    log = "\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank0]:   File "pretrain_glm.py", line 3, in <module>',
+        "using world size: 2 and model-parallel size: 1",
+        '[rank1]:   File "pretrain_glm.py", line 3, in <module>',
+        "[rank0]:     import utils",
+        "[rank0]: ModuleNotFoundError: No module named 'tensorboardX'",
+        "[rank1]: ModuleNotFoundError: No module named 'tensorboardX'",
+        "Traceback (most recent call last):",
+        '  File "torch/distributed/run.py", line 9, in main',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: pretrain_glm.py FAILED",
+    ])
+    assert verify.failure_cause(1, log).startswith("ModuleNotFoundError: No module named 'tensorboardX'; ")
+    assert verify.failure_cause(1, "Traceback (most recent call last):\n  File \"x\"\nKeyboardInterrupt\n") == \
+        "KeyboardInterrupt"
+    assert verify.failure_cause(-1, "iteration 1\n[timed out after 900 s]") == "timed out after 900 s"
+    assert verify.failure_cause(-9, "") == "killed by SIGKILL"
+    assert verify.failure_cause(3, "loading\nno data found\n") == "exit status 3; last line: no data found"
