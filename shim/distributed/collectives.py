@@ -11,6 +11,7 @@ rank is 0 and the world size 1. ``new_group`` then returns a
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import gc
@@ -217,6 +218,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     - A world of one (``world_size`` 1, or unset with ``WORLD_SIZE`` unset or 1)
       rendezvous through an in-memory store: no free port, no ``MASTER_ADDR``,
       no launcher needed.
+    - On gloo, the groups are destroyed at exit (``atexit``, before the interpreter finalizes) when
+      the script never calls ``destroy_process_group``, as GLM's scripts do not: a gloo group freed
+      during finalization wakes its workers, which drop their last work's tensors under a GIL that
+      is being torn down, and the rank dies with SIGABRT ("terminate called without an active
+      exception"). Groups the script itself still references (e.g. mpu's globals) stay until then.
     """
     if backend is not None and "nccl" in str(backend) and not torch.cuda.is_available():
         backend = "gloo"
@@ -233,6 +239,18 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         store=store,
         **kwargs,
     )
+    if _dist.get_backend() == "gloo":
+        _destroy_at_exit_once()
+
+
+@functools.cache
+def _destroy_at_exit_once() -> None:
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    if _dist.is_initialized():
+        destroy_process_group()
 
 
 def destroy_process_group(group=None) -> None:
