@@ -194,3 +194,14 @@ def test_corrupt_latest_checkpoint_points_at_the_previous_good_one(tmp_path, cap
     assert message.endswith(f"; the previous checkpoint, iteration 1, is intact: --load {tmp_path / '1'}")
     main([*TINY, "--train-iters", "3", "--load", str(tmp_path / "1")])  # which works
     assert f" loaded checkpoint {tmp_path / '1'} at iteration 1\n" in capsys.readouterr().out
+
+
+def test_readme_and_help_quote_the_same_time_for_the_default_run():
+    from pathlib import Path
+
+    from glm_port.arguments import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (run_line,) = [line for line in readme.splitlines() if line.startswith("glm-pretrain ")]
+    quoted = re.findall(r"about (\d+) s\b", run_line)
+    assert quoted and quoted == re.findall(r"about (\d+) s\b", build_parser().description)
