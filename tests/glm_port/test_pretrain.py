@@ -202,6 +202,6 @@ def test_readme_and_help_quote_the_same_time_for_the_default_run():
     from glm_port.arguments import build_parser
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    (run_line,) = [line for line in readme.splitlines() if line.startswith("glm-pretrain ")]
+    (run_line,) = [line for line in readme.splitlines() if line.startswith("glm-pretrain ") and "time glm-pretrain" in line]
     quoted = re.findall(r"about (\d+) s\b", run_line)
     assert quoted and quoted == re.findall(r"about (\d+) s\b", build_parser().description)
