@@ -74,14 +74,23 @@ def build_optimizer(model, settings: OptimizerSettings):
 
 class Precision:
     """fp32, bf16 autocast, or fp16 autocast with loss scaling: dynamic (upstream's default for --fp16:
-    start at 2**32, halve on overflow, double after 1000 clean steps) or static (``--loss-scale``: never
-    grows; unlike upstream, a step with inf/NaN gradients is still skipped and halves it)."""
+    start at 2**32, halve on overflow, double after ``window`` clean steps) or static (``--loss-scale``: never
+    grows; unlike upstream, a step with inf/NaN gradients is still skipped and halves it).
 
-    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None):
+    Dynamic scaling also takes upstream's ``--hysteresis`` (overflows tolerated before the scale halves, the
+    count restored when the scale grows) and ``--min-scale`` (a floor), which torch's GradScaler lacks: after
+    its update, the scale it lowered is put back (while hysteresis lasts) or raised to the floor.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None,
+                 *, window: int = 1000, hysteresis: int = 1, min_scale: float = 1.0, init_scale: float = 2.0**32):
         self.device, self.dtype = device, dtype
+        self.dynamic = loss_scale is None
+        self.hysteresis, self.min_scale = max(int(hysteresis), 1), min_scale
+        self._tolerated = self.hysteresis
         self.scaler = torch.amp.GradScaler(
-            device.type, init_scale=loss_scale or 2.0**32, growth_interval=1000 if loss_scale is None else 2**31 - 1,
-            enabled=dtype == torch.float16,
+            device.type, init_scale=loss_scale or init_scale,
+            growth_interval=int(window) if self.dynamic else 2**31 - 1, enabled=dtype == torch.float16,
         )
 
     def autocast(self):
@@ -93,6 +102,22 @@ class Precision:
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler.is_enabled() else None
 
+    def update(self) -> bool:
+        """``scaler.update()`` with hysteresis and the floor; True when this step overflowed (was skipped)."""
+        if not self.scaler.is_enabled():
+            return False
+        before = self.scaler.get_scale()
+        self.scaler.update()
+        after = self.scaler.get_scale()
+        if after < before and self.dynamic:
+            if self._tolerated > 1:
+                self._tolerated -= 1
+                self.scaler.update(before)
+            elif after < self.min_scale:
+                self.scaler.update(self.min_scale)
+        elif after > before:
+            self._tolerated = self.hysteresis
+        return after < before
 
 def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     """All-reduce (sum) scalars over the data-parallel group in one collective."""
@@ -122,8 +147,11 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               env: ParallelEnv | None = None) -> float:
-    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
+               env: ParallelEnv | None = None, stats: dict | None = None) -> float:
+    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss.
+
+    ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
+    ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
     env = env or ParallelEnv(precision.device)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -136,12 +164,15 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
     env.sync_gradients(model.parameters())
-    if clip_grad > 0:
+    if clip_grad > 0 or stats is not None:
         precision.scaler.unscale_(optimizer)
-        env.clip_grad_norm(model.parameters(), clip_grad)
-    scale = precision.scaler.get_scale()
+        norm = env.clip_grad_norm(model.parameters(), clip_grad if clip_grad > 0 else math.inf)
+        if stats is not None:
+            stats["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     precision.scaler.step(optimizer)
-    precision.scaler.update()
-    if precision.scaler.get_scale() >= scale:  # as upstream: an overflow-skipped step leaves the lr alone
+    skipped = precision.update()
+    if not skipped:  # as upstream: an overflow-skipped step leaves the lr alone
         scheduler.step()
+    if stats is not None:
+        stats["skipped"] = skipped
     return total

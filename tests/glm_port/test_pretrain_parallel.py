@@ -25,7 +25,7 @@ from glm_port.pretrain_glm import main
 
 COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
           "--train-iters", "4", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
-          "--lr", "3e-3"]
+          "--lr", "3e-3", "--eval-iters", "2"]
 RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "data_parallel": (2, ["--batch-size", "2"], ["--batch-size", "4"]),
     "tensor_parallel": (2, ["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
