@@ -203,7 +203,8 @@ class BlockMasker:
             hidden = (block_positions > 1) & (rng.random(len(inputs)) < self.block_mask_prob)
             inputs = np.where(hidden, self.dblock_id, inputs)
         if self.context_mask_ratio:
-            inputs = self._mask_context(inputs, spans, sep, len(text), rng)
+            # upstream counts the window's length (its samples grow with the spans; ours cut the text to fit)
+            inputs = self._mask_context(inputs, spans, sep, min(len(tokens), length), rng)
         return inputs, targets, loss, positions, block_positions, sep
 
     def _mask_context(self, inputs, spans, sep, text_length, rng):
