@@ -19,7 +19,6 @@ import math
 import os
 import random
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,12 +29,11 @@ from tqdm import tqdm
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel
-from glm_port.parallel import ParallelEnv, local_state_dict
+from glm_port.checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.data.batches import DataOptions, build_batches, corpus_splits
-from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss, train_step
+from glm_port.models.glm import GLMConfig, GLMModel
+from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer, lm_loss
 
 
 def set_random_seed(seed: int, env: ParallelEnv) -> None:
@@ -70,25 +68,10 @@ def model_config(args, vocab_size: int) -> GLMConfig:
     )
 
 
-def log_line(iteration: int, total: int, ms_per_iter: float, lr: float, loss: float, loss_scale=None) -> str:
-    """Upstream's ``report_iteration_metrics`` line, character for character."""
-    line = f" iteration {iteration:8d}/{total:8d} |"
-    line += f" elapsed time per iteration (ms): {ms_per_iter:.1f} |"
-    line += f" learning rate {lr:.3E} |"
-    line += f" lm loss {loss:.6E} |"
-    if loss_scale is not None:
-        line += f" loss scale {loss_scale:.1f} |"
-    return line
-
-
 def eval_lines(prefix: str, loss: float, ppl: float) -> list[str]:
     """Upstream's ``report_evaluate_metrics`` block, character for character."""
     line = f" validation loss at {prefix} | LM loss: {loss:.6E} | LM PPL: {ppl:.6E}"
     return ["-" * 100, "-" * (len(line) + 1), line, "-" * (len(line) + 1)]
-
-
-def _to_device(batch: dict, device) -> dict:
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
 def experiment_save_dir(args, now: datetime | None = None) -> tuple[str, str | None]:
@@ -202,7 +185,7 @@ def setup(args) -> Run:
     set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path, lowercase=args.tokenizer_lowercase)
     config = model_config(args, padded_vocab_size(args, tokenizer))
-    model = GLMModel(config, env.tensor_parallel()).to(env.device)
+    model = GLMModel(config).to(env.device)  # after ParallelEnv: its layout splits the layers
     if args.compile:
         model.transformer.compile_layers()
     decay_iters = args.lr_decay_iters or args.train_iters
@@ -241,7 +224,7 @@ def evaluate(args, run: Run, batches: Iterator[dict]) -> float:
     total = 0.0
     with torch.no_grad():
         for _ in range(args.eval_iters):
-            batch = _to_device(next(batches), env.device)
+            batch = {key: value.to(env.device, non_blocking=True) for key, value in next(batches).items()}
             with run.precision.autocast():
                 _, value = lm_loss(run.model, batch, env.dp_group, env.dp_size, env.tp_group)
             total += value.item()
@@ -249,14 +232,14 @@ def evaluate(args, run: Run, batches: Iterator[dict]) -> float:
     return total / args.eval_iters
 
 
-def evaluate_and_report(args, run: Run, batches, prefix: str, step: int | None = None, bar=None) -> float:
+def evaluate_and_report(args, run: Run, batches, prefix: str, step: int | None = None) -> float:
     """One evaluation and upstream's report of it (TensorBoard too, for the validations during training)."""
     loss = evaluate(args, run, batches)
     ppl = math.exp(min(20.0, loss))
     if run.env.is_main:
         for line in eval_lines(prefix, loss, ppl):
-            if bar is not None and not bar.disable:
-                bar.write(line)
+            if sys.stderr.isatty():
+                tqdm.write(line)  # above the training bar
             else:
                 print(line, flush=True)
         if run.writer is not None and step is not None:
@@ -267,52 +250,35 @@ def evaluate_and_report(args, run: Run, batches, prefix: str, step: int | None =
 
 def train(args, run: Run) -> None:
     env = run.env
-    trained = env.wrap_data_parallel(run.model)
-    trained.train()
-    tokens_per_iter = args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size
     if env.is_main:
         for note in run.notes:
             print(note, flush=True)
         parameters = sum(p.numel() for p in local_state_dict(run.model).values())
         print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
-    bar = tqdm(total=args.train_iters, initial=run.iteration, unit="it", dynamic_ncols=True,
-               disable=not (env.is_main and sys.stderr.isatty()))
-    interval_loss, interval_norm, interval_start = 0.0, 0.0, time.perf_counter()
-    stats: dict = {}
-    while run.iteration < args.train_iters:
-        step_start = time.perf_counter()
-        microbatches = [_to_device(next(run.batches), env.device) for _ in range(args.gradient_accumulation_steps)]
-        loss = train_step(trained, microbatches, run.optimizer, run.scheduler, run.precision,
-                          clip_grad=args.clip_grad, env=env, stats=stats if run.writer is not None else None)
-        run.iteration += 1
-        interval_loss += loss
-        interval_norm += stats.get("grad_norm", 0.0)
-        bar.update()
-        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_iter / (time.perf_counter() - step_start):.0f}")
-        if run.iteration % args.log_interval == 0:
-            elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / args.log_interval
-            lr = run.optimizer.param_groups[0]["lr"]
-            if env.is_main:
-                line = log_line(run.iteration, args.train_iters, elapsed_ms, lr, interval_loss / args.log_interval,
-                                run.precision.loss_scale)
-                if bar.disable:
-                    print(line, flush=True)
-                else:
-                    bar.write(line)
-            if run.writer is not None:
-                scalars = {"lr": lr, "train_loss": interval_loss / args.log_interval, "elapsed_time": elapsed_ms,
-                           "grad_norm": interval_norm / args.log_interval,
-                           "tokens_per_second": tokens_per_iter * 1000.0 / elapsed_ms}
-                if run.precision.loss_scale is not None:
-                    scalars["loss_scale"] = run.precision.loss_scale
-                for key, value in scalars.items():
-                    run.writer.add_scalar(f"Train/{key}", value, run.iteration)
-            interval_loss, interval_norm, interval_start = 0.0, 0.0, time.perf_counter()
-        if args.save and run.iteration % args.save_interval == 0:
-            save(args, run)
-        if run.valid is not None and run.iteration % args.eval_interval == 0:
-            evaluate_and_report(args, run, run.valid, f"iteration {run.iteration}", run.iteration, bar)
-    bar.close()
+
+    def summarize(iteration: int, scalars: dict) -> None:
+        for key, value in scalars.items():
+            run.writer.add_scalar(f"Train/{key}", value, iteration)
+
+    loop = TrainingLoop(
+        env.wrap_data_parallel(run.model), run.optimizer, run.scheduler, run.precision, env,
+        total_iters=args.train_iters, accumulation=args.gradient_accumulation_steps, clip_grad=args.clip_grad,
+        log_interval=args.log_interval,
+        tokens_per_iter=args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size,
+        summary=summarize if run.writer is not None else None,
+    )
+
+    def save_now(iteration: int) -> None:
+        run.iteration = iteration
+        save(args, run)
+
+    def validate(iteration: int) -> None:
+        evaluate_and_report(args, run, run.valid, f"iteration {iteration}", iteration)
+
+    periodic = [(args.save_interval, save_now)] if args.save else []
+    if run.valid is not None:
+        periodic.append((args.eval_interval, validate))  # after the save, as upstream
+    run.iteration = loop.run(run.batches, run.iteration, periodic)
 
 
 def save(args, run: Run) -> None:

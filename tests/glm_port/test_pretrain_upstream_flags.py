@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from glm_port.data import get_tokenizer, load_corpus
 from glm_port.data.batches import (DataOptions, Windows, corpus_splits, english_documents, parse_split,
                                    scatter_documents, split_documents, take_documents)
 from glm_port.data.corpora import resolve_corpus
-from glm_port.parallel import ParallelEnv
+from glm_port.distributed import ParallelEnv
 from glm_port.pretrain_glm import build_data, eval_lines, experiment_save_dir, main, masker_kwargs
 from glm_port.training import Precision
 
