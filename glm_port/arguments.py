@@ -17,10 +17,12 @@ from pathlib import Path
 # so a run never silently differs from what the script asked for.
 REFUSED = {
     "another model or objective than GLM blank infilling": [
-        "--transformer-xl", "--pretrained-bert", "--encoder-decoder", "--intermediate-size", "--deep-init",
-        "--mem-length", "--attention-scale", "--masked-lm", "--output-dropout", "--vocab-size",
-        "--make-vocab-size-divisible-by",
+        "--pretrained-bert", "--deep-init", "--attention-scale", "--masked-lm", "--output-dropout", "--vocab-size",
     ],
+    "upstream's GPT-XL objective (left to right over consecutive segments, with recurrence memory), not blank "
+    "infilling; no upstream pretraining config uses it": ["--transformer-xl"],
+    "upstream's EncoderDecoder, two transformer stacks: another architecture, with no upstream config or "
+    "released checkpoint": ["--encoder-decoder"],
     "blank-infilling variants no upstream config uses (see docs/glm_port.md)": [
         "--random-position", "--reset-position-ids", "--reset-attention-mask",
     ],
@@ -65,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num-attention-heads", type=int, default=4, help="attention heads (upstream default 16)")
     model.add_argument("--max-position-embeddings", type=int, default=None,
                        help="position embedding rows; default: --seq-length")
+    model.add_argument("--intermediate-size", type=int, default=None,
+                       help="the MLP's inner width; default 4 * --hidden-size")
+    model.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                       help="pad the embedding rows (the tokenizer's tokens) up to a multiple of this")
+    model.add_argument("--mem-length", type=int, default=0,
+                       help="only 0: memory belongs to --transformer-xl, which glm-pretrain does not train")
     model.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on embeddings and layer outputs")
     model.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on attention probabilities")
     model.add_argument("--layernorm-epsilon", type=float, default=1e-5)
@@ -348,6 +356,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.train_iters < 0:
         parser.error(f"--train-iters must not be negative, got {args.train_iters}")
+    if args.mem_length:
+        parser.error(f"--mem-length {args.mem_length}: {REFUSED_FLAGS['--transformer-xl']}")
+    if args.intermediate_size is not None and args.intermediate_size < 1:
+        parser.error(f"--intermediate-size must be at least 1, got {args.intermediate_size}")
+    if args.make_vocab_size_divisible_by < 1:
+        parser.error(f"--make-vocab-size-divisible-by must be at least 1, got {args.make_vocab_size_divisible_by}")
     if args.eval_iters < 0:
         parser.error(f"--eval-iters must not be negative, got {args.eval_iters}")
     if args.min_scale <= 0:

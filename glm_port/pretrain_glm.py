@@ -45,9 +45,10 @@ def set_random_seed(seed: int, env: ParallelEnv) -> None:
 
 
 def padded_vocab_size(args, tokenizer) -> int:
-    """The tokenizer's tokens, plus --sentinel-token's 2 * (positions - 1), padded to a multiple of 128."""
+    """The tokenizer's tokens, plus --sentinel-token's 2 * (positions - 1), padded to a multiple of
+    --make-vocab-size-divisible-by (upstream's 128 by default)."""
     tokens = tokenizer.num_tokens + (2 * (args.max_position_embeddings - 1) if args.sentinel_token else 0)
-    multiple = 128
+    multiple = args.make_vocab_size_divisible_by
     return -(-tokens // multiple) * multiple
 
 
@@ -62,6 +63,7 @@ def model_config(args, vocab_size: int) -> GLMConfig:
         attention_dropout_prob=args.attention_dropout,
         output_dropout_prob=args.hidden_dropout,
         layernorm_epsilon=args.layernorm_epsilon,
+        intermediate_size=args.intermediate_size,
         checkpoint_activations=args.checkpoint_activations,
         checkpoint_num_layers=args.checkpoint_num_layers,
         checkpoint_policy=args.checkpoint_policy or "full",

@@ -57,9 +57,9 @@ def test_train_then_resume_equals_straight(tmp_path, capsys):
 
 def test_unsupported_upstream_flag_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
-        main(["--transformer-xl"])
+        main(["--masked-lm"])
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error == ("glm-pretrain: error: upstream flag --transformer-xl is not supported: "
+    assert error == ("glm-pretrain: error: upstream flag --masked-lm is not supported: "
                      "another model or objective than GLM blank infilling")
     with pytest.raises(SystemExit):
         main(["--eval-epoch=1"])

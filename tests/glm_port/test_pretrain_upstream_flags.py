@@ -333,3 +333,26 @@ def test_fp16_on_cpu_trains(capsys):
     main([*TINY, "--train-iters", "2", "--fp16", "--hysteresis", "1"])
     out = capsys.readouterr().out
     assert re.search(r"iteration +2/ +2 \| .* \| lm loss \S+ \| loss scale \d+\.\d \|", out)
+
+
+# -- model variants --------------------------------------------------------------------------------------------
+
+def test_intermediate_size_and_vocab_padding_shape_the_model(tmp_path, capsys):
+    main([*TINY, "--train-iters", "1", "--intermediate-size", "48", "--make-vocab-size-divisible-by", "64",
+          "--save", str(tmp_path)])
+    capsys.readouterr()
+    weights = torch.load(tmp_path / "1" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    assert weights["transformer.layers.0.mlp.dense_h_to_4h.weight"].shape == (48, 32)
+    assert weights["transformer.layers.0.mlp.dense_4h_to_h.weight"].shape == (32, 48)
+    assert weights["word_embeddings.weight"].shape[0] == -(-TOK.num_tokens // 64) * 64
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--transformer-xl"], "upstream's GPT-XL objective"),
+    (["--mem-length", "256"], "upstream's GPT-XL objective"),
+    (["--encoder-decoder"], "upstream's EncoderDecoder, two transformer stacks"),
+])
+def test_refused_model_variants_say_why(argv, reason, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert reason in capsys.readouterr().err.strip().splitlines()[-1]
