@@ -356,3 +356,23 @@ def test_refused_model_variants_say_why(argv, reason, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert reason in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_intermediate_size_survives_the_hugging_face_config():
+    from glm_port.models.glm import GLMConfig
+    from glm_port.models.glm.hf import GLMPretrainedConfig
+
+    config = GLMConfig(vocab_size=128, hidden_size=32, num_attention_heads=2, intermediate_size=48)
+    assert GLMPretrainedConfig.from_glm_config(config).to_glm_config() == config
+
+
+def test_every_data_knob_trains_and_validates(capsys):
+    main([*TINY, "--train-iters", "2", "--eval-interval", "1", "--split", "8,1,1", "--task-mask",
+          "--bert-prob", "0.4", "--gap-sentence-prob", "0.3", "--gpt-min-ratio", "0.25", "--block-mask-prob", "0.1",
+          "--context-mask-ratio", "0.05", "--short-seq-prob", "0.3", "--single-span-prob", "0.1", "--sentinel-token",
+          "--no-block-position", "--no-shuffle-block", "--non-sentence-start", "0.5", "--sample-one-document",
+          "--max-position-embeddings", "40", "--seq-length", "39"])
+    found = {m[0]: float(m[1]) for m in VALIDATION.findall(capsys.readouterr().out)}
+    assert list(found) == ["iteration 1", "iteration 2", "the end of training for val data",
+                           "the end of training for test data"]
+    assert all(math.isfinite(v) and v > 0 for v in found.values())
