@@ -19,37 +19,34 @@ Importing shim changes nothing in torch.
 """
 
 import importlib as _importlib
+import pkgutil as _pkgutil
 
 import torch as _torch
 
+from shim._device import device
 from shim._forward import forward_to as _forward_to, install_alias_finder as _install_alias_finder
 
 _install_alias_finder()
 
-# shim's own submodules shadow torch's of the same name; imported on first use.
-_OWN_SUBMODULES = frozenset(
-    {"nn", "optim", "cuda", "compat", "distributed", "mpu", "checkpointing", "ops", "sbp", "deepspeed"}
-)
-# Names shim defines on top of torch, and the module each lives in.
-_OWN_NAMES = {
-    "device": "shim._device",
-    "placement": "shim.global_tensor",
-    "to_global": "shim.global_tensor",
-    "to_local": "shim.global_tensor",
-}
 
-_torch_getattr, _torch_dir = _forward_to(_torch, globals())
+def _global_tensor():  # imports DTensor: loaded on first use of these names
+    from shim.global_tensor import placement, to_global, to_local
+
+    return locals()
+
+
+# Every public submodule of shim (shim.nn, shim.mpu...) shadows torch's of the same name, if any,
+# and is imported on first use: `import shim` stays as cheap as `import torch`.
+_SUBMODULES = frozenset(m.name for m in _pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+_torch_getattr, _torch_dir = _forward_to(_torch, globals(), lazy=(_global_tensor,))
 
 
 def __getattr__(name):
-    if name in _OWN_SUBMODULES:
+    if name in _SUBMODULES:
         return _importlib.import_module(f"shim.{name}")
-    if name in _OWN_NAMES:
-        value = getattr(_importlib.import_module(_OWN_NAMES[name]), name)
-        globals()[name] = value
-        return value
     return _torch_getattr(name)
 
 
 def __dir__():
-    return sorted(set(_torch_dir()) | _OWN_SUBMODULES | set(_OWN_NAMES))
+    return sorted(set(_torch_dir()) | _SUBMODULES)

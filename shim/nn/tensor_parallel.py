@@ -1,8 +1,8 @@
 """Tensor-parallel layers (LiBai's ``Linear1D`` / Megatron's ``VocabParallelEmbedding``) on DTensor.
 
 A layer is built whole on every rank, then ``parallelize_module`` shards its
-weight over the tensor-parallel dim of the layer's placement
-(``shim.distributed.get_layer_placement(layer_idx)["tp"]``), scattering rank 0's
+weight over the tensor-parallel dim of the layer's mesh
+(``shim.distributed.layer_mesh(layer_idx)["tp"]``), scattering rank 0's
 values. Inputs and outputs stay plain local tensors, so these layers drop into
 ordinary modules:
 
@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from shim.distributed.layout import ensure_divisible, get_dist_util, get_layer_placement
+from shim.distributed.layout import ensure_divisible, get_layout, layer_mesh
 
 __all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "strided_order"]
 
@@ -49,12 +49,12 @@ def heads_per_rank(num_attention_heads: int) -> int:
     Call it before building the attention's layers, so a bad size fails before any collective.
     """
     return ensure_divisible(
-        num_attention_heads, get_dist_util().tensor_parallel_size, "num_attention_heads", "tensor_parallel_size"
+        num_attention_heads, get_layout().tensor_parallel_size, "num_attention_heads", "tensor_parallel_size"
     )
 
 
 def _tensor_parallel_mesh(layer_idx: int):
-    return get_layer_placement(layer_idx)["tp"]
+    return layer_mesh(layer_idx)["tp"]
 
 
 class Linear1D(nn.Linear):
@@ -82,7 +82,7 @@ class Linear1D(nn.Linear):
     ):
         if parallel not in _PARALLEL_MODES:
             raise ValueError(f"Linear1D parallel={parallel!r}: expected one of {_PARALLEL_MODES}")
-        tp_size = get_dist_util().tensor_parallel_size
+        tp_size = get_layout().tensor_parallel_size
         if parallel == "col":
             what, split_size = "Linear1D(parallel='col') out_features", out_features
         else:
@@ -143,7 +143,7 @@ class VocabParallelEmbedding(nn.Embedding):
         device=None,
         dtype=None,
     ):
-        tp_size = get_dist_util().tensor_parallel_size
+        tp_size = get_layout().tensor_parallel_size
         ensure_divisible(num_embeddings, tp_size, "VocabParallelEmbedding num_embeddings", "tensor_parallel_size")
         super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
         self.layer_idx = layer_idx

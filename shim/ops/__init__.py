@@ -20,3 +20,16 @@ modules, nothing else of shim (``tests/test_architecture.py`` checks it). Adding
 a module here with ``__all__``, its name added to ``shim.nn.functional``, a test in
 ``tests/shim/test_ops_<name>.py`` against torch's composed formula.
 """
+
+from shim.ops import attention, bias_act, bias_dropout, cross_entropy, dropout_mask, softmax_rows
+from shim.ops import vocab_parallel_cross_entropy
+
+__all__ = [
+    "attention",
+    "bias_act",
+    "bias_dropout",
+    "cross_entropy",
+    "dropout_mask",
+    "softmax_rows",
+    "vocab_parallel_cross_entropy",
+]
