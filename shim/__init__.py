@@ -1,21 +1,35 @@
 """shim: all of torch, plus what GLM-era code needs. Use it as ``import shim as torch``.
 
-Any attribute torch has resolves to torch's own object (``shim.Tensor is
-torch.Tensor``). shim adds, in one place per concern:
+Any attribute torch has resolves to torch's own object (``shim.Tensor is torch.Tensor``).
+shim's own modules come in layers, each importing only the ones before it
+(``tests/test_architecture.py``):
 
-- ``shim.nn`` / ``shim.nn.functional``: apex-compatible layers, fused ops
-  (``sparse_softmax_cross_entropy``, ``fused_bias_add_gelu``,
-  ``fused_bias_add_dropout``), tensor-parallel layers (kernels live in ``shim.ops``);
-- ``shim.optim``: apex / DeepSpeed optimizer fallbacks;
-- ``shim.cuda`` and ``shim.device()``: CUDA-era calls that also run without CUDA;
-- ``shim.compat``: the same portability applied to torch itself (for the mock);
-- ``shim.distributed``, ``shim.mpu``, ``shim.checkpointing``: collectives that
-  work in one process, the Megatron ``mpu`` surface and activation
-  checkpointing on a DeviceMesh;
-- ``shim.sbp``, ``shim.placement``, ``shim.to_global``, ``shim.to_local``:
-  OneFlow-style global tensors on DTensor.
+1. ``shim.ops``: the fused kernels (torch only).
+2. Torch-shaped modules, torch's namespace plus additions that have a torch counterpart:
+   ``shim.nn`` / ``shim.nn.functional`` (apex's FusedLayerNorm, tensor-parallel layers, the
+   fused ops), ``shim.optim`` (apex / DeepSpeed optimizers), ``shim.cuda`` and
+   ``shim.device()`` (CUDA-era calls without CUDA), ``shim.distributed`` (collectives in one
+   process, DDP, the parallel layout, pipelining), ``shim.compat`` (the same portability
+   applied to torch itself, for the mock).
+3. Upstream surfaces with no torch counterpart, one module each: ``shim.recompute``
+   (activation recompute; ``shim.checkpointing`` is DeepSpeed's name for it),
+   ``shim.deepspeed``, ``shim.mpu`` (Megatron), ``shim.global_tensor`` + ``shim.sbp``
+   (OneFlow's global tensors, also as ``shim.placement`` / ``shim.to_global`` / ``shim.to_local``).
 
-Importing shim changes nothing in torch.
+Where an upstream name lives:
+
+- apex: ``FusedAdam`` / ``FusedSGD`` in ``shim.optim`` (:mod:`shim.optim.fused`);
+  ``FusedLayerNorm`` / ``MixedFusedLayerNorm`` in ``shim.nn`` (:mod:`shim.nn.normalization`);
+  ``parallel.DistributedDataParallel`` in ``shim.distributed`` (:mod:`shim.distributed.ddp`).
+- DeepSpeed: :mod:`shim.deepspeed` (``init_distributed``, its flags); ``deepspeed.checkpointing``
+  is :mod:`shim.checkpointing` (= :mod:`shim.recompute`); ``DeepSpeedCPUAdam`` in ``shim.optim``.
+- Megatron: ``mpu`` is :mod:`shim.mpu`.
+- OneFlow: ``placement`` / ``to_global`` / ``to_local`` in :mod:`shim.global_tensor`; ``sbp`` is :mod:`shim.sbp`.
+- LiBai: the layout is :mod:`shim.distributed.layout` (``setup_layout``; LiBai's ``setup_dist_util``,
+  ``get_layer_placement`` are aliases there); ``Linear1D`` / ``VocabParallelEmbedding`` in ``shim.nn``
+  (:mod:`shim.nn.tensor_parallel`).
+
+``rules/*.toml`` map each upstream name to its shim name. Importing shim changes nothing in torch.
 """
 
 import importlib as _importlib
