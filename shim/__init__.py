@@ -38,7 +38,11 @@ import pkgutil as _pkgutil
 import torch as _torch
 
 from shim._device import device
-from shim._forward import forward_to as _forward_to, install_alias_finder as _install_alias_finder
+from shim._forward import (
+    forward_to as _forward_to,
+    install_alias_finder as _install_alias_finder,
+    lazy_loaders as _lazy_loaders,
+)
 
 _install_alias_finder()
 
@@ -52,15 +56,20 @@ def _global_tensor():  # imports DTensor: loaded on first use of these names
 # Every public submodule of shim (shim.nn, shim.mpu...) shadows torch's of the same name, if any,
 # and is imported on first use: `import shim` stays as cheap as `import torch`.
 _SUBMODULES = frozenset(m.name for m in _pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+# OneFlow's top-level names; like the submodules, not part of `from shim import *` (torch's names).
+_LAZY = _lazy_loaders(_global_tensor)
 
-_torch_getattr, _torch_dir = _forward_to(_torch, globals(), lazy=(_global_tensor,))
+_torch_getattr, _torch_dir = _forward_to(_torch, globals())
 
 
 def __getattr__(name):
     if name in _SUBMODULES:
         return _importlib.import_module(f"shim.{name}")
+    if name in _LAZY:
+        globals().update(_LAZY[name]())
+        return globals()[name]
     return _torch_getattr(name)
 
 
 def __dir__():
-    return sorted(set(_torch_dir()) | _SUBMODULES)
+    return sorted(set(_torch_dir()) | _SUBMODULES | set(_LAZY))
