@@ -4,14 +4,14 @@ Every shim module that extends a torch module (``shim.nn`` extends ``torch.nn``,
 ``shim.optim`` extends ``torch.optim``...) imports its own additions with ordinary
 import statements and ends with::
 
-    __getattr__, __dir__ = forward_to(torch.nn, globals(), lazy=(_tensor_parallel,))
+    __getattr__, __dir__ = forward_to(torch.distributed, globals(), lazy=(_pipeline,))
 
 so any name it does not define resolves to torch's own object. Additions whose module
-is slow to import (DTensor, pipelining: about 1.3 s each) are imported inside a *loader*
+is slow to import (DTensor, pipelining: seconds) are imported inside a *loader*
 function instead, run on first use of any name it imports::
 
-    def _tensor_parallel():
-        from shim.nn.tensor_parallel import Linear1D, VocabParallelEmbedding
+    def _pipeline():
+        from shim.distributed.pipeline import pipeline_schedule, stage_layers
         return locals()
 
 The import statements are the only list of names (go-to-definition follows them), and

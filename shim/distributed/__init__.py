@@ -13,8 +13,8 @@
 - :mod:`shim.distributed.pipeline`: ``stage_layers``, ``pipeline_schedule``
   (torch.distributed.pipelining over the layout's ``pp`` dim).
 
-Every other name is torch.distributed's own object. The layout and pipeline modules import
-DTensor and pipelining (over a second), so their names load on first use.
+Every other name is torch.distributed's own object. The pipeline module imports
+torch.distributed.pipelining and DTensor (seconds), so its names load on first use.
 """
 
 import torch.distributed as _torch_distributed
@@ -46,27 +46,22 @@ from shim.distributed.collectives import (
     scatter_object_list,
 )
 from shim.distributed.ddp import DistributedDataParallel, data_parallel
-
-
-def _layout():  # imports DTensor: loaded on first use of these names
-    from shim.distributed.layout import (
-        ParallelLayout,
-        current_layout,
-        ensure_divisible,
-        get_dist_util,
-        get_hidden_sbp,
-        get_layer_placement,
-        get_layout,
-        get_nd_sbp,
-        is_main_process,
-        layer_mesh,
-        reset_dist_util,
-        reset_layout,
-        setup_dist_util,
-        setup_layout,
-    )
-
-    return locals()
+from shim.distributed.layout import (
+    ParallelLayout,
+    current_layout,
+    ensure_divisible,
+    get_dist_util,
+    get_hidden_sbp,
+    get_layer_placement,
+    get_layout,
+    get_nd_sbp,
+    is_main_process,
+    layer_mesh,
+    reset_dist_util,
+    reset_layout,
+    setup_dist_util,
+    setup_layout,
+)
 
 
 def _pipeline():  # imports torch.distributed.pipelining: loaded on first use of these names
@@ -75,4 +70,4 @@ def _pipeline():  # imports torch.distributed.pipelining: loaded on first use of
     return locals()
 
 
-__getattr__, __dir__ = _forward_to(_torch_distributed, globals(), lazy=(_layout, _pipeline))
+__getattr__, __dir__ = _forward_to(_torch_distributed, globals(), lazy=(_pipeline,))

@@ -4,15 +4,9 @@ import torch.nn as _torch_nn
 
 from shim._forward import forward_to as _forward_to
 from shim.nn.normalization import FusedLayerNorm, MixedFusedLayerNorm
+from shim.nn.tensor_parallel import Linear1D, VocabParallelEmbedding, heads_per_rank
 
-
-def _tensor_parallel():  # imports DTensor (about 1.4 s): loaded on first use of these names
-    from shim.nn.tensor_parallel import Linear1D, VocabParallelEmbedding
-
-    return locals()
-
-
-__getattr__, __dir__ = _forward_to(_torch_nn, globals(), lazy=(_tensor_parallel,))
+__getattr__, __dir__ = _forward_to(_torch_nn, globals())
 
 # shim's functional (torch's plus fused ops) must win over torch.nn.functional on attribute access.
 import shim.nn.functional as functional  # noqa: E402

@@ -78,8 +78,7 @@ def test_lazy_loaders_list_only_imported_names():
     import shim.distributed
     import shim.nn
 
-    for module, loaders in [(shim.distributed, ("_layout", "_pipeline")), (shim.nn, ("_tensor_parallel",)),
-                            (shim, ("_global_tensor",))]:
+    for module, loaders in [(shim.distributed, ("_pipeline",)), (shim, ("_global_tensor",))]:
         for loader_name in loaders:
             loader = getattr(module, loader_name)
             names = set(_forward.lazy_loaders(loader))
@@ -92,12 +91,12 @@ def test_importing_shim_does_not_import_dtensor_or_pipelining():
     code = (
         "import sys\n"
         "import shim, shim.nn, shim.nn.functional, shim.optim, shim.distributed, shim.cuda\n"
-        "shim.nn.FusedLayerNorm, shim.optim.FusedAdam, shim.distributed.all_reduce, shim.device()\n"
+        "shim.nn.FusedLayerNorm, shim.nn.Linear1D(4, 4, parallel='col'), shim.optim.FusedAdam\n"
+        "shim.distributed.all_reduce, shim.distributed.setup_layout, shim.device()\n"
         "slow = [m for m in ('torch.distributed.tensor', 'torch.distributed.pipelining') if m in sys.modules]\n"
         "assert not slow, slow\n"
-        "import shim.distributed.layout, shim.nn.tensor_parallel, shim.global_tensor\n"
-        "assert shim.distributed.setup_layout is shim.distributed.layout.setup_layout\n"
-        "assert shim.nn.Linear1D is shim.nn.tensor_parallel.Linear1D\n"
+        "import shim.distributed.pipeline, shim.global_tensor\n"
+        "assert shim.distributed.stage_layers is shim.distributed.pipeline.stage_layers\n"
         "assert shim.placement is shim.global_tensor.placement\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
