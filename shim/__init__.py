@@ -37,7 +37,7 @@ import pkgutil as _pkgutil
 
 import torch as _torch
 
-from shim._device import device
+from shim._device import device  # noqa: F401 (exported)
 from shim._forward import (
     forward_to as _forward_to,
     install_alias_finder as _install_alias_finder,
@@ -48,7 +48,7 @@ _install_alias_finder()
 
 
 def _global_tensor():  # imports DTensor: loaded on first use of these names
-    from shim.global_tensor import placement, to_global, to_local
+    from shim.global_tensor import placement, to_global, to_local  # noqa: F401 (exported)
 
     return locals()
 

@@ -20,8 +20,8 @@ torch.distributed.pipelining and DTensor (seconds), so its names load on first u
 import torch.distributed as _torch_distributed
 
 from shim._forward import forward_to as _forward_to
-from shim.distributed.buckets import all_reduce_flat
-from shim.distributed.collectives import (
+from shim.distributed.buckets import all_reduce_flat  # noqa: F401 (exported)
+from shim.distributed.collectives import (  # noqa: F401 (exported)
     SingleProcessGroup,
     all_gather,
     all_gather_into_tensor,
@@ -45,8 +45,8 @@ from shim.distributed.collectives import (
     scatter,
     scatter_object_list,
 )
-from shim.distributed.ddp import DistributedDataParallel, data_parallel
-from shim.distributed.layout import (
+from shim.distributed.ddp import DistributedDataParallel, data_parallel  # noqa: F401 (exported)
+from shim.distributed.layout import (  # noqa: F401 (exported)
     ParallelLayout,
     current_layout,
     ensure_divisible,
@@ -65,7 +65,7 @@ from shim.distributed.layout import (
 
 
 def _pipeline():  # imports torch.distributed.pipelining: loaded on first use of these names
-    from shim.distributed.pipeline import pipeline_schedule, stage_layers
+    from shim.distributed.pipeline import pipeline_schedule, stage_layers  # noqa: F401 (exported)
 
     return locals()
 
