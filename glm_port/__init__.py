@@ -2,9 +2,26 @@
 
 Shared pieces sit beside the families: ``training`` (optimizer, schedule, precision, step),
 ``checkpoint_io`` (saving and loading), ``distributed`` (ranks and groups), ``data`` (tokenizers and
-blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``.
+blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``, ``generation`` is ``glm-generate``.
+
+``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference, on transformers) import on first use,
+so training never pays for importing transformers.
 """
 
 from glm_port.models.glm import GLMConfig, GLMModel
 
-__all__ = ["GLMConfig", "GLMModel"]
+__all__ = ["GLMConfig", "GLMModel", "GLMForConditionalGeneration", "GLMTokenizer"]
+
+_LAZY = {
+    "GLMForConditionalGeneration": "glm_port.models.glm.hf",
+    "GLMPretrainedConfig": "glm_port.models.glm.hf",
+    "GLMTokenizer": "glm_port.models.glm.tokenizer",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'glm_port' has no attribute {name!r}")

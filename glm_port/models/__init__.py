@@ -17,13 +17,17 @@ class Family:
     config_class: str
     model_class: str
     model_types: tuple[str, ...]  # the ``model_type`` values of config.json files this family reads
+    # Module with ``load(path, ...) -> (model, tokenizer)`` and ``generate(model, tokenizer, prompts, ...)``,
+    # what glm-generate drives (glm_port.generation); None: the family does not generate.
+    generation: str | None = None
 
     def load(self, attribute: str):
         return getattr(importlib.import_module(self.module), attribute)
 
 
 FAMILIES: dict[str, Family] = {
-    "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",)),
+    "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
+                  generation="glm_port.models.glm.generation"),
 }
 
 
