@@ -257,6 +257,9 @@ def _check_inputs(args) -> None:
         path = getattr(args, flag)
         if path and not Path(path).is_file():
             raise FinetuneError(f"--{flag} {path}: no such file")
+    if (args.lora or args.lora_path) and args.tensor_parallel_degree > 1:
+        raise FinetuneError("--lora with --tensor_parallel_degree > 1 is not supported yet (PEFT's adapters are "
+                            "not split); use data parallel (torchrun without --tensor_parallel_degree)")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")
