@@ -140,7 +140,16 @@ def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     return list(packed.unbind())
 
 
-def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0):
+def positions_logits(model, batch: dict, counted) -> torch.Tensor:
+    """The batch layout every glm_port trainer uses (``text``, ``position_id``, ``attention_mask``,
+    ``target``, ``loss_mask``) fed to a model that takes ``logit_positions`` (GLM's): logits ``[n, V]``
+    of the ``counted`` positions only. A family whose model takes other inputs passes its own function
+    with this signature as ``logits_fn``."""
+    return model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)[0]
+
+
+def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0,
+            logits_fn=positions_logits):
     """Forward one batch; returns ``(loss_to_backprop, global_loss_value)``.
 
     ``global_loss_value`` = sum(loss * mask) / mask.sum() over the whole data-parallel batch.
@@ -150,7 +159,7 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     # Positions with a zero mask add nothing to the loss nor to any gradient: project only the others.
     # Their indices are found once, before the forward (on a GPU, one host sync while the queue is short).
     counted = (batch["loss_mask"] != 0).nonzero(as_tuple=True)
-    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
+    logits = logits_fn(model, batch, counted)
     if label_smoothing:  # torch's cross entropy (one device: the vocab-parallel op has no smoothing)
         losses = F.cross_entropy(logits.float(), batch["target"][counted], reduction="none",
                                  label_smoothing=label_smoothing)
@@ -164,7 +173,8 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               env: ParallelEnv | None = None, label_smoothing: float = 0.0, stats: dict | None = None) -> float:
+               env: ParallelEnv | None = None, label_smoothing: float = 0.0, stats: dict | None = None,
+               logits_fn=positions_logits) -> float:
     """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss.
 
     ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
@@ -177,7 +187,8 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
-                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing)
+                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing,
+                                      logits_fn)
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
     env.sync_gradients(model.parameters())
@@ -228,6 +239,7 @@ class TrainingLoop:
     log_interval: int = 100
     tokens_per_iter: int | None = None  # for the bar's tokens/s
     label_smoothing: float = 0.0
+    logits_fn: Callable = positions_logits  # how the model maps a batch to its counted positions' logits
     # Called on the main rank at each log line with ``(iteration, scalars)``: lr, train_loss, elapsed_time
     # (ms per iteration), grad_norm, tokens_per_second and, under fp16, loss_scale (e.g. for TensorBoard).
     summary: Callable[[int, dict], None] | None = None
@@ -247,7 +259,7 @@ class TrainingLoop:
                 microbatches = [_to_device(next(batches), env.device) for _ in range(self.accumulation)]
                 loss = train_step(self.model, microbatches, self.optimizer, self.scheduler, self.precision,
                                   clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing,
-                                  stats=stats)
+                                  stats=stats, logits_fn=self.logits_fn)
                 iteration += 1
                 interval_loss += loss
                 interval_norm += stats["grad_norm"] if stats is not None else 0.0
