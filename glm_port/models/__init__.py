@@ -1,0 +1,1 @@
+"""Model families of glm_port (one folder each)."""
