@@ -35,6 +35,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
 
+# transformers names the cache ``cache`` in model outputs and inputs from 5.2x on, ``past_key_values`` before.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight``, the statistics in fp32 (THUDM's order of casts)."""
@@ -252,7 +255,7 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
         cos, sin = rotary_cos_sin(self.config, position_ids, x.dtype)
         mask = attention_mask_4d(attention_mask, seq, past)
         hidden = self.encoder(x, cos, sin, mask, cache)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE: cache if use_cache else None})
 
 
 class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
@@ -295,7 +298,7 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: getattr(out, _CACHE)})
 
     # THUDM's chat API (prompt format in the tokenizer's build_prompt).
     def chat(self, tokenizer, query: str, history=None, **generate_kwargs):
