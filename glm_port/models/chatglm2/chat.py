@@ -126,10 +126,13 @@ def load(model_dir, device="cpu", dtype=None):
 
         model, tokenizer = build_tiny()
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
-    from glm_port.models.chatglm2.weights import check_directory, load_pretrained, load_tokenizer
+    from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
 
-    check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
+    config = check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
     tokenizer = load_tokenizer(model_dir)
+    if tokenizer.vocab_size > config.padded_vocab_size:
+        raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
+                           f"padded_vocab_size ({config.padded_vocab_size})")
     return load_pretrained(model_dir, dtype=dtype, device=device), tokenizer
 
 

@@ -64,15 +64,15 @@ def test_glm_chat_interactive_on_the_embedded_model():
 def test_glm_chat_errors_exit_2(tmp_path, capsys, make_model, write_thudm):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    model_dir = write_thudm(make_model(), tmp_path / "glm2", shards=2)
+    model_dir = write_thudm(make_model(padded_vocab_size=1024), tmp_path / "glm2", shards=2)
     from glm_port.models.chatglm2.tiny import build_tokenizer
 
     build_tokenizer(str(model_dir))
     assert chat_main(["--model", str(tmp_path / "other")]) == 2
     assert "model_type 'bert' is not a ChatGLM2-family model" in capsys.readouterr().err
-    assert chat_main(["--model", str(model_dir), "--prompt", "你好" * 40]) == 2  # seq_length 64
-    err = capsys.readouterr().err.strip()
-    assert "does not fit the model's seq_length (64)" in err and "\n" not in err
+    assert chat_main(["--model", str(model_dir), "--prompt", "你好，晚上好" * 40]) == 2  # seq_length 64
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
+    assert err.startswith("glm-chat: error: prompt of ") and err.endswith("does not fit the model's seq_length (64)")
     os.remove(model_dir / "pytorch_model-00001-of-00002.bin")
     assert chat_main(["--model", str(model_dir)]) == 2
     assert "pytorch_model-00001-of-00002.bin: shard listed in pytorch_model.bin.index.json is missing" in (
