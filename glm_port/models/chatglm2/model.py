@@ -138,10 +138,18 @@ class SelfAttention(nn.Module):
         is_causal = mask is None and q.shape[2] == k.shape[2] and q.shape[2] > 1
         if mask is None and not is_causal and q.shape[2] > 1:  # a chunk after a cache: causal with an offset
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
-            enable_gqa=self.num_groups != self.num_heads,
-        )
+        b, heads, length, d = q.shape
+        if length == 1 and self.num_groups != heads:
+            # One new token (decoding): a group's query heads are queries of the same keys, so they are
+            # folded into the query dim, [b, G, H/G, d], and SDPA runs G plain heads (docs/chatglm2.md:
+            # CPU kernels run this several times faster than enable_gqa with one query).
+            q = q.reshape(b, self.num_groups, heads // self.num_groups, d)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout).reshape(b, heads, 1, d)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
+                enable_gqa=self.num_groups != heads,
+            )
         return self.dense(out.transpose(1, 2).flatten(2))
 
 
