@@ -260,6 +260,9 @@ def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
         raise WeightsError(
             f"{Path(src) / 'config.json'}: model_type {raw.get('model_type')!r} is not transformers' GLM ('glm')"
         )
+    if "intermediate_size" not in raw or "num_hidden_layers" not in raw:  # THUDM's GLM-10B also says "glm"
+        raise WeightsError(f"{Path(src) / 'config.json'}: not a GlmForCausalLM config (no intermediate_size/"
+                           f"num_hidden_layers); THUDM GLM-10B directories are the glm family, not ChatGLM2")
     config = from_glm_config(raw)
     source = TensorSource(src)
     plan = from_glm_plan(config, source)

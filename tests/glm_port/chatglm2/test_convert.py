@@ -65,6 +65,8 @@ def test_chatglm2_32k_positions_become_linear_rope(tmp_path, make_model, write_t
 
 def test_bad_input_is_one_line_exit_2(tmp_path, converted, capsys):
     _, root = converted
+    (tmp_path / "glm10b").mkdir()
+    (tmp_path / "glm10b" / "config.json").write_text(json.dumps({"model_type": "glm", "num_layers": 48}))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     cases = [
@@ -72,6 +74,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, converted, capsys):
         (["--to", "transformers", str(root / "hf"), str(tmp_path / "a")], "model_type 'glm' is not a ChatGLM2"),
         (["--from", "transformers", str(root / "src"), str(tmp_path / "b")], "model_type 'chatglm' is not transformers"),
         (["--to", "transformers", str(tmp_path / "nowhere"), str(tmp_path / "c")], "not a directory"),
+        (["--from", "transformers", str(tmp_path / "glm10b"), str(tmp_path / "d")], "not a GlmForCausalLM config"),
     ]
     for argv, message in cases:
         assert convert_main(argv) == 2
