@@ -16,8 +16,6 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
     from glm_port.models.chatglm2.weights import check_directory, load_pretrained, load_tokenizer
 
-    if tensor_parallel is not None:
-        raise ValueError("the chatglm2 family has no tensor-parallel generation yet: run it in one process")
     if tokenizer_type is not None:
         raise ValueError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model")
     config = check_directory(path)
@@ -25,8 +23,20 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                          f"padded_vocab_size ({config.padded_vocab_size})")
-    model = load_pretrained(path, dtype=DTYPES[dtype], device=device or "cpu")
-    return model, tokenizer
+    if tensor_parallel is None:
+        return load_pretrained(path, dtype=DTYPES[dtype], device=device or "cpu"), tokenizer
+    return load_split(path, config, DTYPES[dtype], device or "cpu"), tokenizer
+
+
+def load_split(path, config, dtype=None, device="cpu"):
+    """The model built under the current tensor-parallel layout, each rank reading its slices of the weights
+    one tensor at a time (``weights.tensor_parallel_slice``)."""
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+    from glm_port.models.chatglm2.weights import TensorSource, default_dtype, load_tensor_parallel
+
+    model = ChatGLM2ForCausalLM(config)
+    load_tensor_parallel(model, TensorSource(path))
+    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
 
 
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, batch_size: int = 8,

@@ -106,13 +106,20 @@ class SelfAttention(nn.Module):
     def __init__(self, config: ChatGLM2Config, layer_idx: int):
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
-        self.num_heads, self.num_groups = config.num_attention_heads, config.num_key_value_heads
+        # This rank's query heads and key/value groups (all of them in one process).
+        self.num_heads = nn.heads_per_rank(config.num_attention_heads)
+        self.num_groups = config.num_key_value_heads * self.num_heads // config.num_attention_heads
+        if self.num_groups * config.num_attention_heads != config.num_key_value_heads * self.num_heads:
+            raise ValueError(f"ChatGLM2: {config.num_key_value_heads} key/value groups do not split over "
+                             f"{config.num_attention_heads // self.num_heads} tensor-parallel ranks")
         self.head_dim = config.kv_channels
-        qkv_size = (self.num_heads + 2 * self.num_groups) * self.head_dim
-        self.query_key_value = nn.Linear(
-            config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear
+        qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * self.head_dim
+        # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
+        self.query_key_value = nn.Linear1D(
+            config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
         )
-        self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.add_bias_linear)
+        self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                 bias=config.add_bias_linear, parallel="row")
 
     def split_qkv(self, qkv):
         """``[b, s, (H + 2G) d]`` -> q ``[b, H, s, d]``, k and v ``[b, G, s, d]``.
@@ -158,8 +165,11 @@ class MLP(nn.Module):
 
     def __init__(self, config: ChatGLM2Config):
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(config.hidden_size, 2 * config.ffn_hidden_size, bias=config.add_bias_linear)
-        self.dense_4h_to_h = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=config.add_bias_linear)
+        # gate and up split together (stride 2): rank r holds [gate_r; up_r], so silu(gate_r) * up_r is local.
+        self.dense_h_to_4h = nn.Linear1D(config.hidden_size, 2 * config.ffn_hidden_size, bias=config.add_bias_linear,
+                                         parallel="col", stride=2)
+        self.dense_4h_to_h = nn.Linear1D(config.ffn_hidden_size, config.hidden_size, bias=config.add_bias_linear,
+                                         parallel="row")
 
     def forward(self, x):
         gate, up = self.dense_h_to_4h(x).chunk(2, dim=-1)

@@ -189,3 +189,47 @@ def save_sharded(state: dict, directory, shards: int = 2, fmt: str = "bin") -> N
     (directory / index_name).write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_index}, indent=2), encoding="utf-8"
     )
+
+
+def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config, rank: int, size: int) -> torch.Tensor:
+    """This rank's part of THUDM's tensor ``name`` under tensor parallel ``size``, as the split layers hold it.
+
+    ``query_key_value`` rows: ``[Q_r; K_r; V_r]`` (this rank's query heads, then its key/value groups);
+    ``dense_h_to_4h`` rows: ``[gate_r; up_r]``; ``dense`` and ``dense_4h_to_h`` weights: a slice of
+    columns. Everything else (embedding, norms, output layer, row-split biases) is whole on every rank.
+    """
+    d = config.kv_channels
+    if ".query_key_value." in name:
+        if not config.multi_query_attention:  # per-head [q; k; v] blocks: a contiguous run of heads
+            return full.chunk(size, dim=0)[rank]
+        heads, groups = config.num_attention_heads, config.num_key_value_heads
+        q, k, v = full.split([heads * d, groups * d, groups * d], dim=0)
+        return torch.cat([t.chunk(size, dim=0)[rank] for t in (q, k, v)], dim=0)
+    if ".dense_h_to_4h." in name:
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
+    if name.endswith((".self_attention.dense.weight", ".dense_4h_to_h.weight")):
+        return full.chunk(size, dim=1)[rank]
+    return full
+
+
+def load_tensor_parallel(model, state: dict) -> None:
+    """Copy a whole (THUDM-named) state dict into a model built under a tensor-parallel layout: each rank
+    writes its own slices (``tensor_parallel_slice``) into its shards."""
+    import sys
+
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            key = name if name in state else name.removeprefix("transformer.")
+            if key not in state:
+                raise WeightsError(f"weight {name} missing from the state dict")
+            full = state[key]
+            if dtensor is not None and isinstance(param, dtensor.DTensor):
+                local = param.to_local()
+                mesh = param.device_mesh
+                part = full if local.shape == full.shape else tensor_parallel_slice(
+                    name, full, model.config, mesh.get_local_rank(), mesh.size())
+                local.copy_(part)
+            else:
+                param.copy_(full)
