@@ -7,9 +7,11 @@ greedy with no stop token, so every run produces exactly --new-tokens tokens.
 
   ttft ms        time to first token: prefill of the whole prompt + one token (``max_new_tokens=1``)
   decode tok/s   batch * (new_tokens - 1) / (time of the full generation - ttft)
-  peak MiB       extra peak memory of the full generation: process RSS high-water mark on CPU
-                 (a fresh process per run), ``torch.cuda.max_memory_allocated`` on a GPU
+  peak MiB       extra peak memory of the full generation over the loaded model: on CPU the RSS high-water
+                 mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
+                 ``torch.cuda.max_memory_allocated`` minus what was allocated before
   same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
+  LoRA samples/s finetune steps at ADGEN's shape (see lora_worker); first loss must agree across variants
 
 Variants: ``glm_port`` and ``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
 ``thudm`` (only with CHATGLM2_CODE=/dir holding THUDM's modeling_chatglm.py and configuration_chatglm.py)
@@ -26,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -122,6 +123,22 @@ def greedy(variant, model, prompt, new_tokens):
         return torch.cat(tokens, 1)
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak_rss() -> int:
+    """Reset the process's RSS high-water mark (Linux: ``5`` to ``/proc/self/clear_refs``); the RSS now."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    return _status_kib("VmRSS") * 1024
+
+
+def _peak_rss() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
 def _sync(device):
     import torch
 
@@ -149,7 +166,7 @@ def worker(variant: str, batch: int, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
         baseline = torch.cuda.memory_allocated()
     else:
-        baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        baseline = _reset_peak_rss()
     _sync(args.device)
     start = time.perf_counter()
     tokens = greedy(variant, model, prompt, args.new_tokens)
@@ -158,12 +175,52 @@ def worker(variant: str, batch: int, args) -> dict:
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - baseline
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+        peak = _peak_rss() - baseline
     return {
         "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft,
         "decode_tok_s": batch * (args.new_tokens - 1) / max(total - ttft, 1e-9),
         "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(),
     }
+
+
+LORA_TARGETS = {"glm_port": ["query_key_value"], "transformers": ["q_proj", "k_proj", "v_proj"]}
+
+
+def lora_worker(variant: str, batch: int, args) -> dict:
+    """LoRA finetune steps at ADGEN's shape (source 64 + target 128 + eos, loss on the target): samples/s.
+
+    MindFormers' settings (rank 8, alpha 32, dropout 0.1) through PEFT, AdamW on the adapters. LoRA on
+    THUDM's fused ``query_key_value`` vs on transformers' separate q/k/v projections: not the same adapter
+    (3 x rank 8 there), the same frozen network; the first step's loss (adapters still zero) must agree.
+    """
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    model = build(variant, args).train()
+    model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=32, lora_dropout=0.1,
+                                             target_modules=LORA_TARGETS[variant]))
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, args.vocab, (batch, 64 + 128 + 1), generator=generator).to(args.device)
+    labels = ids.clone()
+    labels[:, :64] = -100
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step():
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    first_loss = step()
+    _sync(args.device)
+    start = time.perf_counter()
+    for _ in range(args.lora_steps):
+        step()
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    return {"variant": variant, "batch": batch, "samples_s": batch * args.lora_steps / elapsed, "loss": first_loss}
 
 
 def build_parser():
@@ -180,7 +237,11 @@ def build_parser():
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=3, help="time-to-first-token runs (median kept)")
+    parser.add_argument("--lora-steps", type=int, default=2,
+                        help="timed LoRA finetune steps at ADGEN's shape after one warm-up (0: skip that table)")
+    parser.add_argument("--lora-batch", type=int, default=4)
     parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--lora-worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
     return parser
 
 
@@ -197,6 +258,9 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args)))
         return 0
+    if args.lora_worker:
+        print(json.dumps(lora_worker(args.lora_worker[0], int(args.lora_worker[1]), args)))
+        return 0
     variants = args.variants or [v for v in VARIANTS if v != "thudm" or os.environ.get("CHATGLM2_CODE")]
     if "thudm" in variants and not os.environ.get("CHATGLM2_CODE"):
         print("bench.chatglm2: error: the thudm variant needs CHATGLM2_CODE=/dir/with/modeling_chatglm.py",
@@ -207,17 +271,19 @@ def main(argv=None) -> int:
     print(f"shape: {args.layers} layers, hidden {args.hidden}, {args.heads} heads x {args.kv_channels} "
           f"({args.groups} kv groups), ffn {args.ffn}, vocab {args.vocab}; prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy; {args.device} {args.dtype}")
-    rows = []
-    runs = [(v, b) for b in args.batches for v in variants]
-    for variant, batch in tqdm(runs, desc="runs", leave=False):
+    rows, lora_rows = [], []
+    runs = [("--worker", v, b) for b in args.batches for v in variants]
+    if args.lora_steps > 0:
+        runs += [("--lora-worker", v, args.lora_batch) for v in variants if v in LORA_TARGETS]
+    for flag, variant, batch in tqdm(runs, desc="runs", leave=False):
         done = subprocess.run(
-            [sys.executable, "-m", "bench.chatglm2", *argv, "--worker", variant, str(batch)],
+            [sys.executable, "-m", "bench.chatglm2", *argv, flag, variant, str(batch)],
             capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         if done.returncode != 0:
             print(f"bench.chatglm2: {variant} batch {batch} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
             return 1
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        (rows if flag == "--worker" else lora_rows).append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{'variant':<13} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
           f"{'decode vs glm_port':>19}")
     for row in rows:
@@ -227,6 +293,12 @@ def main(argv=None) -> int:
         print(f"{row['variant']:<13} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
               f"{row['peak_mib']:>9.1f} {same:>12} "
               f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x")
+    if lora_rows:
+        print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
+              f"{args.lora_steps} timed steps:")
+        print(f"{'variant':<13} {'samples/s':>10} {'first loss':>11}")
+        for row in lora_rows:
+            print(f"{row['variant']:<13} {row['samples_s']:>10.2f} {row['loss']:>11.5f}")
     return 0
 
 
