@@ -65,3 +65,11 @@ def test_unknown_family(tmp_path):
     with pytest.raises(WeightsError) as exc:
         load_pretrained(tmp_path)
     _one_line(exc, "model_type 'llama' is not a ChatGLM2-family model")
+
+
+def test_save_pretrained_round_trip(tmp_path, model):
+    model.save_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "chatglm"
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
