@@ -70,7 +70,10 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
             path = export_onnx(model, work / "onnx" / "decode_step.onnx")
             try:
                 error = check_onnx(model, path)
-            except Exception as failure:  # onnxruntime has no CPU kernel for some half-precision ops
+            except Exception as failure:
+                if target == torch.float32:
+                    raise
+                # onnxruntime's CPU provider lacks kernels for some half-precision ops (bfloat16 Add, ...)
                 reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
                 log(f"{PROG}: onnxruntime could not run the {dtype} graph on CPU, so it is not checked ({reason[:160]})")
                 report["onnx_check"] = None
