@@ -260,8 +260,9 @@ def main(argv=None) -> None:
                 print(f"WARNING: {base} and {base}+recompute disagree on the first loss: "
                       f"{pair[0]['first_loss']} vs {pair[1]['first_loss']}")
     if quality:
-        print(f"\nquality: glm-finetune's embedded task (reverse a phrase), beam search, ROUGE-L (rouge-score x 100)")
-        print("| variant | steps | ROUGE-L before | ROUGE-L after | ROUGE-2 | BLEU-4 | wall s |\n| --- | --- | --- | --- | --- | --- | --- |")
+        print("\nquality: glm-finetune's embedded task (reverse a phrase), beam search, ROUGE-L (rouge-score x 100)")
+        print("| variant | steps | ROUGE-L before | ROUGE-L after | ROUGE-2 | BLEU-4 | wall s |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |")
         for r in quality:
             print(f"| {r['variant']} | {r['steps']} | {r['rouge_l_before']:.2f} | {r['rouge_l']:.2f} | "
                   f"{r['rouge_2']:.2f} | {r['bleu_4']:.2f} | {r['seconds']:.0f} |")

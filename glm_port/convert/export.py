@@ -20,8 +20,8 @@ from pathlib import Path
 
 import shim as torch
 from glm_port.convert.decode_step import check_onnx, export_onnx, export_program
-from glm_port.convert.merge import (DTYPES, ConvertError, check_output, source_tokenizer, tokenizer_files,
-                                    write_model_directory)
+from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
+                                    tokenizer_files, write_model_directory)
 from glm_port.models.glm.weights import WeightsError
 
 PROG = "glm-export"
@@ -56,6 +56,7 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     check_output(out, overwrite, source, lora)
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
+    check_not_adapter(source, "--model_name_or_path")
     target = DTYPES[dtype]
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path)
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
@@ -75,7 +76,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
                     raise
                 # onnxruntime's CPU provider lacks kernels for some half-precision ops (bfloat16 Add, ...)
                 reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
-                log(f"{PROG}: onnxruntime could not run the {dtype} graph on CPU, so it is not checked ({reason[:160]})")
+                log(f"{PROG}: onnxruntime could not run the {dtype} graph on CPU, so it is not checked "
+                    f"({reason[:160]})")
                 report["onnx_check"] = None
             else:
                 if error > ONNX_TOLERANCE[target]:
@@ -104,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model_name_or_path", required=True,
                         help="the model: a Hugging Face GLM directory (glm-finetune's final/), tensor-parallel shards, "
                         "or a glm-pretrain --save directory")
-    parser.add_argument("--lora_path", default=None, help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in")
+    parser.add_argument("--lora_path", default=None,
+                        help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in")
     parser.add_argument("--output_path", required=True, help="the directory to write")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                         help="weights (and graph) precision (default float32)")

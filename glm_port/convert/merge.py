@@ -32,8 +32,9 @@ from glm_port.models.glm.weights import WeightsError
 PROG = "glm-merge"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
-# Files that make a GLM tokenizer (GLMTokenizer.from_pretrained reads them), copied from the source.
-TOKENIZER_FILES = ("tokenizer_config.json", "added_tokens.json", "special_tokens_map.json")
+# Files that make a GLM tokenizer (GLMTokenizer.from_pretrained reads them), copied from the source, and
+# transformers' generation defaults, which travel with the weights too.
+TOKENIZER_FILES = ("tokenizer_config.json", "added_tokens.json", "special_tokens_map.json", "generation_config.json")
 VOCAB_PATTERNS = ("*.model", "*vocab.txt", "*vocab.json", "*merges.txt")
 
 
@@ -42,6 +43,12 @@ class ConvertError(ValueError):
 
 
 # ---- the output directory ----------------------------------------------------------------------------
+
+
+def check_not_adapter(path: Path, flag: str = "SRC") -> None:
+    if (path / "adapter_config.json").is_file():
+        raise ConvertError(f"{flag} {path} is a PEFT LoRA adapter, not a model: fold it into its base with "
+                           f"glm-export --model_name_or_path BASE --lora_path {path}")
 
 
 def check_output(out: Path, overwrite: bool, *sources: Path) -> None:
@@ -193,6 +200,7 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     check_output(out, overwrite, src)
     if dtype is not None and dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    check_not_adapter(src)
     source = weights.find_source(src)
     overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
     config = weights.source_config(source, overrides)
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         sys.exit(2)
-    shards = f"{summary['shards']} tensor-parallel shards" if summary["kind"] == "megatron" else "a Hugging Face directory"
+    shards = (f"{summary['shards']} tensor-parallel shards" if summary["kind"] == "megatron"
+              else "a Hugging Face directory")
     print(f"{PROG}: {summary['source']} ({shards}) -> {summary['output']}: {summary['tensors']} tensors, "
           f"{summary['parameters']:,} parameters in {summary['dtype']}, {summary['tokenizer']} vocabulary\n"
           f"{PROG}: load it with: glm-generate --model {summary['output']} \"...\"", flush=True)

@@ -135,7 +135,8 @@ def test_merge_bad_input_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, c
         argv = [str(src), str(src)]
     elif case == "lora_checkpoint":
         lora = {"base_model.model." + k: v for k, v in state.items()}
-        lora["base_model.model.transformer.layers.0.attention.query_key_value.lora_A.default.weight"] = torch.zeros(8, 64)
+        lora_a = "base_model.model.transformer.layers.0.attention.query_key_value.lora_A.default.weight"
+        lora[lora_a] = torch.zeros(8, 64)
         src.mkdir()
         torch.save({"module": lora, "glm_config": CONFIG.to_dict()}, src / "mp_rank_00_model_states.pt")
     elif case == "wrong_positions":
@@ -225,9 +226,10 @@ def test_onnx_decode_step_generates_what_the_eager_model_generates(tmp_path, fin
     step_ids = ids
     for _ in range(new_tokens):
         current = past + step_ids.size(1)
-        mask = inputs["generation_attention_mask"][:, :, past:current, :current].bool()
-        mask = mask & torch.cat((inputs["attention_mask"], torch.ones(ids.size(0), current - ids.size(1),
-                                                                      dtype=torch.long)), 1)[:, None, None, :current].bool()
+        # the rows generate() feeds (prepare_inputs_for_generation): the generation mask, padding dropped
+        new = torch.ones(ids.size(0), current - ids.size(1), dtype=torch.long)
+        real = torch.cat((inputs["attention_mask"], new), 1)
+        mask = inputs["generation_attention_mask"][:, :, past:current, :current].bool() & real[:, None, None, :].bool()
         logits, keys, values = run_onnx(session, (step_ids, inputs["position_ids"][:, :, past:current], mask,
                                                   keys, values))
         step_ids = logits[:, -1].argmax(-1, keepdim=True)
@@ -239,7 +241,8 @@ def test_onnx_decode_step_generates_what_the_eager_model_generates(tmp_path, fin
 def test_onnx_and_torch_export_match_the_eager_step_at_other_sizes(tmp_path, glm):
     from glm_port.convert.decode_step import export_onnx, export_program
 
-    model = GLMForConditionalGeneration(GLMForConditionalGeneration.config_class.from_glm_config(CONFIG), glm=glm).eval()
+    config = GLMForConditionalGeneration.config_class.from_glm_config(CONFIG)
+    model = GLMForConditionalGeneration(config, glm=glm).eval()
     onnx_path = export_onnx(model, tmp_path / "step.onnx")
     program_path = export_program(model, tmp_path / "step.pt2")
     session = onnx_session(onnx_path)
@@ -275,4 +278,9 @@ def test_export_bad_input(tmp_path, finetuned, capsys):
     err = exits_2(export_cli.main, ["--model_name_or_path", str(tmp_path / "absent"), "--output_path",
                                     str(tmp_path / "out")], capsys)
     assert "no such file or directory" in err
+    err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "adapter"), "--output_path",
+                                    str(tmp_path / "out")], capsys)
+    assert "is a PEFT LoRA adapter, not a model" in err and "--lora_path" in err
+    err = exits_2(merge_cli.main, [str(root / "adapter"), str(tmp_path / "out")], capsys)
+    assert "is a PEFT LoRA adapter, not a model" in err
     assert leftovers(tmp_path) == []
