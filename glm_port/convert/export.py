@@ -58,8 +58,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
     check_not_adapter(source, "--model_name_or_path")
     target = DTYPES[dtype]
-    tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path)
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
+    tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
         model.glm = fold_adapter(model.glm, lora)
     model = model.to(target).eval()

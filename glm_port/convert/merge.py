@@ -127,14 +127,22 @@ def tokenizer_files(path: Path, tokenizer_path: Path | None = None) -> list[Path
     return found
 
 
-def source_tokenizer(path: Path, tokenizer_type: str | None, tokenizer_path: Path | None):
-    """The tokenizer glm-generate would use for ``path`` with these flags."""
+def source_tokenizer(path: Path, tokenizer_type: str | None, tokenizer_path: Path | None, vocab_size: int):
+    """The tokenizer glm-generate would use for ``path`` with these flags. With no flags and no vocabulary
+    file beside the weights, glm-generate falls back to the built-in vocabulary: taken only when the
+    model's vocabulary size is that one's (a model trained on it), an error otherwise."""
     from glm_port.models.glm.generation import load_tokenizer
 
     try:
-        return load_tokenizer(path, tokenizer_type, tokenizer_path)
+        tokenizer = load_tokenizer(path, tokenizer_type, tokenizer_path)
     except (OSError, ValueError) as error:
         raise ConvertError(f"tokenizer: {str(error).strip().splitlines()[0]}") from None
+    named = tokenizer_type or tokenizer_path
+    found = any(f.name not in TOKENIZER_FILES for f in tokenizer_files(path))
+    if not named and not found and tokenizer.vocab_size != vocab_size:
+        raise ConvertError(f"no vocabulary file beside {path} (and the model's {vocab_size} tokens are not the "
+                           f"built-in vocabulary's): name it with --tokenizer-path (and --tokenizer-type)")
+    return tokenizer
 
 
 def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Path], out: Path,
@@ -204,7 +212,7 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     source = weights.find_source(src)
     overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
     config = weights.source_config(source, overrides)
-    tokenizer = source_tokenizer(source.path, tokenizer_type, tokenizer_path)
+    tokenizer = source_tokenizer(source.path, tokenizer_type, tokenizer_path, config.vocab_size)
     state = merged_state(source, DTYPES.get(dtype))
     check_against_architecture(state, config, src)
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}

@@ -121,6 +121,7 @@ def test_sharded_hf_directory_merges_to_one_file_in_bf16_with_its_vocabulary(tmp
     ("same", "the output cannot be the input"),
     ("lora_checkpoint", "holds a LoRA training checkpoint"),
     ("wrong_positions", "the architecture in config.json needs [65, 64]"),
+    ("no_vocabulary", "no vocabulary file beside"),
 ])
 def test_merge_bad_input_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, case, message):
     state = glm.state_dict()
@@ -142,6 +143,11 @@ def test_merge_bad_input_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, c
     elif case == "wrong_positions":
         weights.save_hf(state, src, {"model_type": "glm", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                      "vocab_size": CONFIG.vocab_size, "max_sequence_length": 64})
+    elif case == "no_vocabulary":  # a model of another vocabulary, with only a tokenizer_config.json beside it
+        big = {k: torch.cat((v, v)) if k == "word_embeddings.weight" else v for k, v in state.items()}
+        weights.save_hf(big, src, {"model_type": "glm", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                   "vocab_size": 2 * CONFIG.vocab_size, "max_sequence_length": 32})
+        (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GLMChineseTokenizer"}))
     err = exits_2(merge_cli.main, argv, capsys)
     assert err.startswith("glm-merge: error:") and message in err, err
     if case == "not_empty":
