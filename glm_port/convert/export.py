@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Export a GLM for serving: LoRA folded in, one safetensors file in the serving dtype, "
         "config and tokenizer files; optionally an ONNX or torch.export graph of the decoding step.",
         epilog="The graph takes new tokens after a key/value cache (past 0: the prompt; query 1: a decode step); "
-        "see docs/finetune.md, 'Export', for its inputs and what does not export.")
+        "see docs/finetune.md, 'Merging shards and exporting', for its inputs and what does not export.")
     parser.add_argument("--model_name_or_path", required=True,
                         help="the model: a Hugging Face GLM directory (glm-finetune's final/), tensor-parallel shards, "
                         "or a glm-pretrain --save directory")
