@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GlmForCausalLM
 
-from glm_port.convert import main as convert_main
+from glm_port.convert.native import main as convert_main
 from glm_port.models.chatglm2.weights import load_pretrained
 
 
