@@ -28,7 +28,7 @@ _install_alias_finder()
 
 # shim's own submodules shadow torch's of the same name; imported on first use.
 _OWN_SUBMODULES = frozenset(
-    {"nn", "optim", "cuda", "compat", "distributed", "mpu", "checkpointing", "ops", "sbp", "deepspeed"}
+    {"nn", "optim", "cuda", "compat", "distributed", "mpu", "checkpointing", "ops", "sbp", "deepspeed", "kernels", "apex"}
 )
 # Names shim defines on top of torch, and the module each lives in.
 _OWN_NAMES = {

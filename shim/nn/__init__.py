@@ -8,6 +8,14 @@ from shim._forward import forward_to as _forward_to
 _OWN = {
     "FusedLayerNorm": "shim.nn.normalization",
     "MixedFusedLayerNorm": "shim.nn.normalization",
+    "FusedRMSNorm": "shim.nn.normalization",
+    "MixedFusedRMSNorm": "shim.nn.normalization",
+    "FastLayerNorm": "shim.nn.normalization",
+    "FusedLayerNormAffineFunction": "shim.nn.normalization",
+    "FusedScaleMaskSoftmax": "shim.nn.softmax",
+    "AttnMaskType": "shim.nn.softmax",
+    "FusedDense": "shim.nn.fused_dense",
+    "FusedDenseGeluDense": "shim.nn.fused_dense",
     "Linear1D": "shim.nn.tensor_parallel",
     "VocabParallelEmbedding": "shim.nn.tensor_parallel",
 }
