@@ -28,7 +28,8 @@ import libcst as cst
 
 from migrate.index import ModuleIndex
 from migrate.report import FileReport
-from migrate.rewrite import ArgEdits, NewAlias, rewrite_call, rewrite_import, rewrite_import_from
+from migrate.rewrite import (ArgEdits, NewAlias, receiver_as_argument, rewrite_call, rewrite_import,
+                             rewrite_import_from)
 from migrate.rules import Rule, RuleSet, mapped_name
 from migrate.scopes import Chain, ImportBinding, Scope, collect, dotted_parts
 
@@ -277,7 +278,7 @@ class _FileMigration:
                         self._import_module_call(call)
                         continue
                     rule = self.rules.calls.get(canonical)
-                    if rule is not None and not self._defines(canonical):
+                    if rule is not None and not self._defines(canonical, rule):
                         self._call(call, chain, rule)
                         continue
                     rule = self.rules.arguments.get(canonical)
@@ -320,7 +321,7 @@ class _FileMigration:
         binding = found and scope.import_of(found[0].id)
         return bool(binding) and not self.index.is_tree_name(binding.source)
 
-    def _defines(self, name: str) -> bool:
+    def _defines(self, name: str, rule: Rule) -> bool:
         """Whether this file is in the tree package that defines ``name``: ``mpu/`` and its own
         tests keep calling ``mpu``'s implementation (``mpu.cross_entropy.f``: the package ``mpu``),
         ``megatron/fused_kernels/`` its own ``load`` (``megatron.fused_kernels.load``: defined in a
@@ -328,6 +329,8 @@ class _FileMigration:
         if not self.index.is_tree_name(name):
             return False
         defining = self.index._tree_prefix(name)
+        if rule.args.get("scope") == "module":  # only the defining module keeps its own calls
+            return self.module == defining
         package = defining if defining in self.index.packages else defining.rpartition(".")[0] or defining
         return self.module == package or self.module.startswith(package + ".")
 
@@ -366,6 +369,14 @@ class _FileMigration:
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
         if self._unmappable(call, rule):
             return
+        if rule.args.get("receiver") == "argument":  # x.type() -> target(x), bare calls only
+            if call.args or call.keywords:
+                return
+            func = self._spell(rule.target, scope, call.lineno)
+            render = self._checked(call, rule, lambda text: receiver_as_argument(text, func))
+            if render is not None:
+                self._edit(call, render, [self._change(call.lineno, rule, self._segment(call), "", rule.target)])
+            return
         first = self._spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
@@ -399,7 +410,7 @@ class _FileMigration:
             line = chain.node.lineno
             if self.index.is_tree_name(canonical):
                 call_rule = self.rules.calls.get(canonical)
-                if call_rule is not None and not self._defines(canonical):
+                if call_rule is not None and not self._defines(canonical, call_rule):
                     self._leave(line, call_rule, f"used as a value, not called: not rewritten; {call_rule.note}")
                 continue
             if re_exported:

@@ -260,3 +260,12 @@ def _arg_commas(args: list[cst.Arg], original: list[cst.Arg]) -> list[cst.Arg]:
             arg = arg.with_changes(comma=separator)
         fixed.append(arg)
     return fixed
+
+
+def receiver_as_argument(text: str, func: str) -> str:
+    """``x.m()`` becomes ``func(x)``: the method's receiver is passed to a function instead."""
+    call = _parse_expression(text)
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) or call.args:
+        raise ValueError(f"not a method call without arguments: {text!r}")
+    receiver = call.func.value.with_changes(lpar=call.func.value.lpar, rpar=call.func.value.rpar)
+    return code(call.with_changes(func=_dotted(func), args=[cst.Arg(receiver)]))

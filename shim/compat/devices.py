@@ -106,3 +106,32 @@ def tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.prese
 def module_cuda(self, device=None):
     """``Module.cuda()`` without CUDA: parameters and buffers moved to the active device."""
     return self.to(active_device())
+
+
+def tensor_type(tensor: torch.Tensor) -> str:
+    """``tensor.type()`` as CUDA-era code compares it (``== 'torch.cuda.FloatTensor'``): a tensor on the
+    active device, when that device stands in for CUDA (it is not a CUDA GPU), is named by its
+    ``torch.cuda.*Tensor`` type, the type ``torch.cuda.FloatTensor(...)`` builds there; any other
+    tensor by its own ``type()``."""
+    name = torch._C.TensorBase.type(tensor)  # torch's own, whether or not shim.compat is installed
+    active = active_device()
+    if active.type != "cuda" and tensor.device.type == active.type and name.startswith("torch.") \
+            and not name.startswith("torch.cuda."):
+        return "torch.cuda." + name[len("torch."):]
+    return name
+
+
+def type_mapped(type_method):
+    """``Tensor.type``: with no dtype, :func:`tensor_type` of the original method's answer."""
+
+    @functools.wraps(type_method)
+    def wrapper(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = type_method(self)
+            active = active_device()
+            if active.type != "cuda" and self.device.type == active.type and not name.startswith("torch.cuda."):
+                return "torch.cuda." + name[len("torch."):]
+            return name
+        return type_method(self, dtype, non_blocking, **kwargs)
+
+    return wrapper

@@ -12,3 +12,15 @@ functions and argument order and computes with ``shim.ops`` (torch kernels, any 
 - ``megatron_fused_kernels``: Megatron's ``fused_kernels.load(args)``, which builds the above with
   nvcc at start-up; here there is nothing to build.
 """
+
+import importlib as _importlib
+
+
+def __getattr__(name: str):
+    """Submodules load on first use (``shim.kernels.amp_C`` as an attribute, the way migrated code spells it)."""
+    try:
+        return _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
