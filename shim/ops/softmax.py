@@ -22,6 +22,11 @@ import torch
 MASKED_VALUE = -10000.0  # what the kernel writes for a masked score (after scaling)
 
 
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """The kernels' accumulation type: fp32 (float64 inputs, which the kernels refuse, keep float64)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _check(x: torch.Tensor, dims: int, name: str) -> None:
     if x.dim() != dims:
         raise ValueError(f"{name}: expected a {dims}-D tensor, got shape {tuple(x.shape)}")
@@ -34,7 +39,7 @@ def scaled_masked_softmax_forward(x: torch.Tensor, mask: torch.Tensor, scale: fl
     _check(x, 4, "scaled_masked_softmax")
     if mask.dim() != 4:
         raise ValueError(f"scaled_masked_softmax: expected a 4-D mask, got shape {tuple(mask.shape)}")
-    scores = x.float() * float(scale)
+    scores = x.to(_acc(x)) * float(scale)
     scores = scores.masked_fill_(mask.bool(), MASKED_VALUE)
     return torch.softmax(scores, dim=-1).to(x.dtype)
 
@@ -49,15 +54,15 @@ def scaled_upper_triang_masked_softmax_forward(x: torch.Tensor, scale: float) ->
     _check(x, 3, "scaled_upper_triang_masked_softmax")
     if x.shape[1] != x.shape[2]:
         raise ValueError(f"scaled_upper_triang_masked_softmax: expected sq == sk, got shape {tuple(x.shape)}")
-    scores = x.float() * float(scale)
+    scores = x.to(_acc(x)) * float(scale)
     scores = scores.masked_fill_(causal_mask(x.shape[1], x.shape[2], x.device), float("-inf"))
     return torch.softmax(scores, dim=-1).to(x.dtype)
 
 
 def scaled_softmax_backward(grad: torch.Tensor, probs: torch.Tensor, scale: float) -> torch.Tensor:
     """Both kernels' backward: ``scale * p * (dy - sum(dy * p))`` in fp32, returned in dy's dtype."""
-    p = probs.float()
-    g = grad.float()
+    p = probs.to(_acc(grad))
+    g = grad.to(_acc(grad))
     dx = g.mul_(p) if g is not grad else g * p
     dx = dx.sub_(p * dx.sum(dim=-1, keepdim=True)).mul_(float(scale))
     return dx.to(grad.dtype)
