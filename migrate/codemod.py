@@ -353,8 +353,8 @@ class _FileMigration:
         edits = ArgEdits.from_rule(rule.args, add)
         column = self.text.column(call)
         render = self._checked(call, rule, lambda text: rewrite_call(text, edits, func=func, column=column))
-        if render is None:
-            return
+        if render is None or render(self._segment(call)) == self._segment(call):
+            return  # unrewritable (reported), or already as the rule wants it (allow_no_cuda=True given)
         self._consume(chain.root.id, rule.code)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target)
         self._edit(call, render, [entry])
