@@ -7,6 +7,8 @@ torch.Tensor``). shim adds, in one place per concern:
   (``sparse_softmax_cross_entropy``, ``fused_bias_add_gelu``,
   ``fused_bias_add_dropout``), tensor-parallel layers (kernels live in ``shim.ops``);
 - ``shim.optim``: apex / DeepSpeed optimizer fallbacks;
+- ``shim.kernels``: compiled CUDA extensions by their import names (``amp_C``,
+  ``scaled_masked_softmax_cuda``...) on ``shim.ops``; ``shim.apex.multi_tensor_apply``;
 - ``shim.cuda`` and ``shim.device()``: CUDA-era calls that also run without CUDA;
 - ``shim.compat``: the same portability applied to torch itself (for the mock);
 - ``shim.distributed``, ``shim.mpu``, ``shim.checkpointing``: collectives that

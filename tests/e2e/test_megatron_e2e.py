@@ -28,7 +28,9 @@ from migrate.mock.selfcheck import _mock_env
 from migrate.verify import ported_env
 
 REPO = Path(__file__).resolve().parents[2]
-VOCAB = Path(os.environ.get("GLM_VOCAB", REPO.parent / "shared" / "vocab"))
+VOCAB = Path(os.environ.get("GLM_VOCAB") or next(
+    (p / "shared" / "vocab" for p in (REPO.parent, REPO.parent.parent) if (p / "shared" / "vocab").is_dir()),
+    REPO.parent / "shared" / "vocab"))  # ../shared/vocab beside the checkout (or beside a worktree's parent)
 REFERENCE = Path(__file__).with_name("megatron_reference.py")
 ITERS = 20
 LOSS = re.compile(r"(lm loss|sop loss): ([0-9.]+E[+-][0-9]+)")
