@@ -169,3 +169,41 @@ def test_migrated_tree_trains_with_the_unmodified_trees_losses(megatron_trees, s
     assert [name for name, _ in ours] == [name for name, _ in theirs]
     for (name, a), (_, b) in zip(ours, theirs):
         assert a == pytest.approx(b, rel=1e-5), (name, ours, theirs)
+
+
+FUSED_PATHS = """
+import torch
+from megatron.model.enums import AttnMaskType
+from megatron.model.fused_layer_norm import MixedFusedLayerNorm
+from megatron.model.fused_softmax import FusedScaleMaskSoftmax
+from megatron.model.fused_bias_gelu import bias_gelu_impl
+from megatron.model.transformer import bias_dropout_add_fused_train
+from megatron.model.utils import attention_mask_func
+
+x = torch.randn(4, 2, 32, 32).half()
+masks = {AttnMaskType.padding: torch.rand(4, 1, 32, 32) > 0.8,
+         AttnMaskType.causal: torch.ones(32, 32, dtype=torch.bool).triu(1)[None, None].expand(4, 1, 32, 32)}
+for kind, mask in masks.items():
+    fused = FusedScaleMaskSoftmax(True, False, kind, True, attention_mask_func, True, 0.125)
+    plain = FusedScaleMaskSoftmax(True, False, kind, False, attention_mask_func, True, 0.125)
+    assert fused.is_kernel_available(mask, 4, 2, 32, 32)
+    assert (fused(x, mask).float() - plain(x, mask).float()).abs().max() < 1e-3
+y, b = torch.randn(3, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+bias_gelu_impl(y, b).sum().backward()
+bias_dropout_add_fused_train(torch.randn(3, 8), torch.randn(8), torch.randn(3, 8), 0.1)
+z = torch.randn(3, 8, requires_grad=True)
+out = MixedFusedLayerNorm(8)(z)
+out.sum().backward()
+assert (out - torch.nn.functional.layer_norm(z, (8,))).abs().max() < 1e-6
+print("FUSED PATHS OK")
+"""
+
+
+def test_fused_kernel_paths_run_on_cpu(megatron_trees, tmp_path):
+    """The paths Megatron takes with fusion on (fp16 scores: its CUDA softmax kernels; MixedFusedLayerNorm;
+    the torch.jit.script bias-GeLU / bias-dropout-add fusions) run in the migrated tree on the CPU, and
+    the fused softmax equals the tree's own unfused path."""
+    _, migrated, _ = megatron_trees
+    env = {**ported_env(), "PYTHONPATH": os.pathsep.join([str(migrated), ported_env()["PYTHONPATH"]])}
+    text = _run([sys.executable, "-c", FUSED_PATHS], migrated, env, tmp_path / "fused.log", timeout=300)
+    assert "FUSED PATHS OK" in text
