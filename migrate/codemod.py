@@ -369,9 +369,7 @@ class _FileMigration:
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
         if self._unmappable(call, rule):
             return
-        if rule.args.get("receiver") == "argument":  # x.type() -> target(x), bare calls only
-            if call.args or call.keywords:
-                return
+        if rule.args.get("receiver") == "argument":  # x.type(...) -> target(x, ...)
             func = self._spell(rule.target, scope, call.lineno)
             render = self._checked(call, rule, lambda text: receiver_as_argument(text, func))
             if render is not None:

@@ -263,9 +263,10 @@ def _arg_commas(args: list[cst.Arg], original: list[cst.Arg]) -> list[cst.Arg]:
 
 
 def receiver_as_argument(text: str, func: str) -> str:
-    """``x.m()`` becomes ``func(x)``: the method's receiver is passed to a function instead."""
+    """``x.m(a, ...)`` becomes ``func(x, a, ...)``: the method's receiver is passed to a function instead."""
     call = _parse_expression(text)
-    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) or call.args:
-        raise ValueError(f"not a method call without arguments: {text!r}")
-    receiver = call.func.value.with_changes(lpar=call.func.value.lpar, rpar=call.func.value.rpar)
-    return code(call.with_changes(func=_dotted(func), args=[cst.Arg(receiver)]))
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        raise ValueError(f"not a method call: {text!r}")
+    receiver = call.func.value
+    first = cst.Arg(receiver, comma=cst.Comma(whitespace_after=_SPACE)) if call.args else cst.Arg(receiver)
+    return code(call.with_changes(func=_dotted(func), args=[first, *call.args]))

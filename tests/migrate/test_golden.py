@@ -81,7 +81,7 @@ def test_megatron_start_up_and_kernels(migrate):
     codes = {c["code"] for c in report.changes}
     assert codes >= {"MEG001", "MEG002", "MEG003", "MEG004", "MEG005", "MEG006", "CUD006", "CUD007"}
     assert '"shim.kernels.fused_mix_prec_layer_norm_cuda"' in migrated
-    assert "param.type(torch.HalfTensor)" in migrated  # a conversion with a dtype is not a name
+    assert "tensor_type(param, torch.cuda.HalfTensor)" in migrated and "= param.dtype.type  #" in migrated
 
 
 def test_deepspeed_engine_is_kept_and_listed(migrate):

@@ -113,3 +113,21 @@ def test_kernel_stand_ins_load_as_attributes(name):
     import shim
 
     assert getattr(shim.kernels, name).__name__ == f"shim.kernels.{name}"
+
+
+def test_tensor_type_converts_to_cuda_named_types_on_the_active_device():
+    from shim.compat import cudaless
+    from shim.compat.devices import tensor_type
+
+    x = torch.zeros(2)
+    assert tensor_type(x, tensor_type(x)).dtype == torch.float32  # the round trip GLM's fp16 code does
+    assert tensor_type(x, "torch.cuda.HalfTensor").dtype == torch.float16
+    assert tensor_type(x, cudaless.HalfTensor).dtype == torch.float16
+    assert tensor_type(x, torch.DoubleTensor).dtype == torch.float64
+
+
+    class Other:  # not a tensor: its own type() is called, arguments as given
+        def type(self, *args):
+            return ("own", args)
+
+    assert tensor_type(Other(), 3) == ("own", (3,)) and tensor_type(Other()) == ("own", ())
