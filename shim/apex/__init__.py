@@ -3,6 +3,8 @@
 
 import importlib as _importlib
 
+__all__ = ['multi_tensor_apply']
+
 
 def __getattr__(name: str):
     """Submodules load on first use (``shim.kernels.amp_C`` as an attribute, the way migrated code spells it)."""

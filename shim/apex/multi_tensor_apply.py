@@ -4,6 +4,8 @@ kernel from :mod:`shim.kernels.amp_C` the work runs on ``torch._foreach_*``, on 
 
 from __future__ import annotations
 
+__all__ = ['MultiTensorApply', 'multi_tensor_applier']
+
 
 class MultiTensorApply:
     available = True  # apex: False when its amp_C extension was not built; shim's always is

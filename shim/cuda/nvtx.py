@@ -9,6 +9,8 @@ import torch.cuda.nvtx as _nvtx
 
 from shim._device import active_device
 
+__all__ = ['range_push', 'range_pop', 'range_start', 'range_end', 'mark', 'range']
+
 
 def _cuda() -> bool:
     return active_device().type == "cuda"

@@ -15,6 +15,8 @@ functions and argument order and computes with ``shim.ops`` (torch kernels, any 
 
 import importlib as _importlib
 
+__all__ = ['amp_C', 'fused_layer_norm_cuda', 'fused_mix_prec_layer_norm_cuda', 'megatron_fused_kernels', 'scaled_masked_softmax_cuda', 'scaled_softmax_cuda', 'scaled_upper_triang_masked_softmax_cuda']
+
 
 def __getattr__(name: str):
     """Submodules load on first use (``shim.kernels.amp_C`` as an attribute, the way migrated code spells it)."""

@@ -15,6 +15,8 @@ from shim.ops.multi_tensor import (  # noqa: F401
     multi_tensor_unscale_l2norm,
 )
 
+__all__ = ['multi_tensor_adagrad', 'multi_tensor_adam', 'multi_tensor_adam_capturable', 'multi_tensor_adam_capturable_master', 'multi_tensor_axpby', 'multi_tensor_l2norm', 'multi_tensor_l2norm_mp', 'multi_tensor_l2norm_scale', 'multi_tensor_scale', 'multi_tensor_sgd', 'multi_tensor_unscale_l2norm']
+
 
 def __getattr__(name: str):
     if name in NOT_PROVIDED:

@@ -3,3 +3,5 @@ weight's dtype (fp16 activations, fp32 weights: fp32 out), on :mod:`shim.ops.lay
 
 from shim.ops.layer_norm import backward_affine  # noqa: F401
 from shim.ops.layer_norm import forward_affine_mixed_dtypes as forward_affine  # noqa: F401
+
+__all__ = ['backward_affine', 'forward_affine']

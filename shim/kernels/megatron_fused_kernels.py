@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ['load']
+
 _said = False
 
 

@@ -2,6 +2,8 @@
 
 from shim.ops.softmax import batch_per_block, scaled_masked_softmax_forward, scaled_softmax_backward
 
+__all__ = ['forward', 'backward', 'get_batch_per_block']
+
 
 def forward(inputs, mask, scale):
     """``softmax(inputs * scale)`` with positions where ``mask`` is 1 set to -10000; fp32 math, inputs' dtype."""

@@ -4,6 +4,8 @@ import torch
 
 from shim.ops.softmax import scaled_softmax_backward
 
+__all__ = ['forward', 'backward']
+
 
 def forward(inputs, scale):
     return torch.softmax(inputs.float() * float(scale), dim=-1).to(inputs.dtype)

@@ -2,6 +2,8 @@
 
 from shim.ops.softmax import scaled_softmax_backward, scaled_upper_triang_masked_softmax_forward
 
+__all__ = ['forward', 'backward']
+
 
 def forward(inputs, scale):
     """Causal ``softmax(inputs * scale)`` over ``[batches, sq, sq]``; masked entries are exactly 0."""

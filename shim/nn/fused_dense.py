@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+__all__ = ['fused_dense_function', 'fused_dense_gelu_dense_function', 'FusedDense', 'FusedDenseGeluDense']
+
 
 def fused_dense_function(input, weight, bias):
     return F.linear(input, weight, bias)

@@ -15,6 +15,8 @@ import torch
 
 from shim.ops.softmax import batch_per_block, scaled_masked_softmax, scaled_upper_triang_masked_softmax
 
+__all__ = ['AttnMaskType', 'FusedScaleMaskSoftmax']
+
 
 class AttnMaskType(enum.Enum):
     padding = 1

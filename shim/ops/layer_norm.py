@@ -16,6 +16,8 @@ import math
 
 import torch
 
+__all__ = ['forward_affine', 'forward_affine_mixed_dtypes', 'forward', 'backward_affine', 'backward', 'rms_forward_affine', 'rms_forward_affine_mixed_dtypes', 'rms_forward', 'rms_backward_affine', 'rms_backward']
+
 
 def _rows(input: torch.Tensor, normalized_shape) -> int:
     return input.numel() // max(math.prod(normalized_shape), 1)

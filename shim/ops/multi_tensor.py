@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+__all__ = ['multi_tensor_scale', 'multi_tensor_axpby', 'multi_tensor_l2norm', 'multi_tensor_l2norm_mp', 'multi_tensor_l2norm_scale', 'multi_tensor_unscale_l2norm', 'multi_tensor_adam', 'multi_tensor_adam_capturable', 'multi_tensor_adam_capturable_master', 'multi_tensor_sgd', 'multi_tensor_adagrad', 'NOT_PROVIDED']
+
 Tensors = Sequence[torch.Tensor]
 
 

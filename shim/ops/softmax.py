@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ['MASKED_VALUE', 'scaled_masked_softmax_forward', 'causal_mask', 'scaled_upper_triang_masked_softmax_forward', 'scaled_softmax_backward', 'ScaledMaskedSoftmax', 'ScaledUpperTriangMaskedSoftmax', 'scaled_masked_softmax', 'scaled_upper_triang_masked_softmax', 'batch_per_block']
+
 MASKED_VALUE = -10000.0  # what the kernel writes for a masked score (after scaling)
 
 

@@ -169,6 +169,9 @@ def test_migrated_tree_trains_with_the_unmodified_trees_losses(megatron_trees, s
     assert [name for name, _ in ours] == [name for name, _ in theirs]
     for (name, a), (_, b) in zip(ours, theirs):
         assert a == pytest.approx(b, rel=1e-5), (name, ours, theirs)
+    worst = max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(ours, theirs))
+    print(f"\n{script} nproc={nproc}: lm loss {ours[0][1]:.6E} -> {ours[-per_iteration][1]:.6E}, "
+          f"largest relative difference {worst:.1e}")
 
 
 FUSED_PATHS = """
