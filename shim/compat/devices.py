@@ -19,7 +19,7 @@ import torch
 
 from shim._device import active_device
 
-__all__ = ["TENSOR_METHODS", "device_kwarg_mapped", "factory_names", "load_mapped", "means_cuda", "module_cuda", "tensor_cuda", "to_mapped"]
+__all__ = ["TENSOR_METHODS", "device_kwarg_mapped", "factory_names", "load_mapped", "means_cuda", "module_cuda", "tensor_cuda", "tensor_type", "to_mapped", "type_mapped"]
 
 
 def means_cuda(device) -> bool:

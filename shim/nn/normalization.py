@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FusedLayerNorm", "MixedFusedLayerNorm"]
+from shim.ops import layer_norm
+
+__all__ = [
+    "FastLayerNorm", "FusedLayerNorm", "FusedLayerNormAffineFunction", "FusedRMSNorm", "MixedFusedLayerNorm",
+    "MixedFusedRMSNorm", "fused_layer_norm", "fused_layer_norm_affine", "fused_rms_norm", "fused_rms_norm_affine",
+    "mixed_dtype_fused_layer_norm_affine",
+]
 
 
 class FusedLayerNorm(torch.nn.LayerNorm):
@@ -61,8 +67,6 @@ class FusedLayerNormAffineFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, normalized_shape, eps, *memory_efficient):
-        from shim.ops import layer_norm
-
         ctx.normalized_shape, ctx.eps = normalized_shape, eps
         input_, weight_, bias_ = input.contiguous(), weight.contiguous(), bias.contiguous()
         output, mean, invvar = layer_norm.forward_affine(input_, normalized_shape, weight_, bias_, eps)
@@ -71,12 +75,10 @@ class FusedLayerNormAffineFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        from shim.ops import layer_norm
-
         input_, weight_, bias_, mean, invvar = ctx.saved_tensors
         grads = layer_norm.backward_affine(grad_output.contiguous(), mean, invvar, input_, ctx.normalized_shape,
                                            weight_, bias_, ctx.eps)
-        return (*grads, None, None) + (None,) * (ctx.needs_input_grad.__len__() - 5)
+        return (*grads, *[None] * (len(ctx.needs_input_grad) - 3))  # none for shape, eps (, memory_efficient)
 
 
 def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
