@@ -21,7 +21,8 @@ from pathlib import Path
 import shim as torch
 from glm_port.convert.decode_step import check_onnx, export_onnx, export_program
 from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
-                                    tokenizer_files, write_model_directory)
+                                    write_model_directory)
+from glm_port.models.glm.tokenizer import tokenizer_files
 from glm_port.models.glm.weights import WeightsError
 
 PROG = "glm-export"

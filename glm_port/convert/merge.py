@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 import shim as torch
 from glm_port.models.glm import weights
+from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
 from glm_port.models.glm.weights import WeightsError
 
 PROG = "glm-merge"
@@ -34,8 +35,6 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
           "fp16": torch.float16, "float16": torch.float16}
 # Files that make a GLM tokenizer (GLMTokenizer.from_pretrained reads them), copied from the source, and
 # transformers' generation defaults, which travel with the weights too.
-TOKENIZER_FILES = ("tokenizer_config.json", "added_tokens.json", "special_tokens_map.json", "generation_config.json")
-VOCAB_PATTERNS = ("*.model", "*vocab.txt", "*vocab.json", "*merges.txt")
 
 
 class ConvertError(ValueError):
@@ -108,23 +107,6 @@ def check_against_architecture(state: dict, config, where) -> None:
     missing = [k for k in expected if k not in state]
     if missing:
         raise ConvertError(f"{where}: missing {len(missing)} weight(s), e.g. {missing[0]}")
-
-
-def tokenizer_files(path: Path, tokenizer_path: Path | None = None) -> list[Path]:
-    """The vocabulary files to copy: ``tokenizer_path`` (a file, with its merges; or a directory), else
-    those beside the weights (``path``: a directory, or a weight file whose directory is looked in)."""
-    if tokenizer_path is not None:
-        if tokenizer_path.is_file():
-            files = [tokenizer_path]
-            if tokenizer_path.name.endswith("vocab.json"):
-                files.append(tokenizer_path.with_name(tokenizer_path.name.replace("vocab.json", "merges.txt")))
-            return [f for f in files if f.is_file()]
-        path = tokenizer_path
-    directory = path if path.is_dir() else path.parent
-    found = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
-    for pattern in VOCAB_PATTERNS:
-        found += sorted(p for p in directory.glob(pattern) if p.is_file())
-    return found
 
 
 def source_tokenizer(path: Path, tokenizer_type: str | None, tokenizer_path: Path | None, vocab_size: int):

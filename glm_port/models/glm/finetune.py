@@ -94,7 +94,7 @@ def save(model: GLMModel, vocab, directory: Path, source: Path | None) -> None:
 def save_tokenizer(vocab, directory: Path, source: Path | None) -> None:
     import shutil
 
-    from glm_port.convert.merge import tokenizer_files
+    from glm_port.models.glm.tokenizer import tokenizer_files
     from glm_port.models.glm.tokenizer import GLMTokenizer
 
     Path(directory).mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,21 @@ import shim.nn as nn
 import shim.nn.functional as F
 from glm_port.models.glm.attention import ATTENTION_IMPLS, visibility_mask
 from glm_port.models.glm.config import GLMConfig
-from glm_port.models.glm.weights import strip_hf_prefix
+
+
+# THUDM's Hugging Face code nests upstream's keys under its base_model_prefix; both spellings load.
+HF_PREFIX = "glm."
+
+
+def without_hf_prefix(weights: dict) -> dict:
+    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
+    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
+
+
+def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
+    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
+    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
+        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
 
 
 def _normal_(std: float):

@@ -36,18 +36,7 @@ from typing import Callable, Iterator
 
 import shim as torch
 
-HF_PREFIX = "glm."
-
-
-def without_hf_prefix(weights: dict) -> dict:
-    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
-    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
-
-
-def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
-    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
-    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
-        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
+from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 TRACKERS = ("latest_checkpointed_iteration.txt", "latest")
 MP_RANK = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -296,7 +285,7 @@ def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0) -> It
 # ---- the architecture ------------------------------------------------------------------------------
 def source_config(source: WeightSource, overrides: dict | None = None):
     """A ``GLMPretrainedConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
-    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMPretrainedConfig
     from glm_port.models.glm.config import GLMConfig
 
     overrides = dict(overrides or {})
@@ -322,7 +311,7 @@ def source_config(source: WeightSource, overrides: dict | None = None):
 
 def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
     """Upstream's files carry no architecture: read it off the shapes (heads: 64-wide, as every GLM release)."""
-    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMPretrainedConfig
 
     names = set(reader.keys())
     if "word_embeddings.weight" not in names:

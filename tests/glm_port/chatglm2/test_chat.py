@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import pipeline
 
-from glm_port.models.chatglm2.chat import PromptTooLong, main as chat_main
+from glm_port.chat import main as chat_main
+from glm_port.models.chatglm2.chat import PromptTooLong
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -54,7 +55,7 @@ def test_prompt_longer_than_seq_length(tiny):
 def test_glm_chat_interactive_on_the_embedded_model():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, "-m", "glm_port.models.chatglm2.chat", "--max-new-tokens", "4", "--seed", "0"],
+        [sys.executable, "-m", "glm_port.chat", "--max-new-tokens", "4", "--seed", "0"],
         input="你好\n/clear\n晚上好\n/exit\n", capture_output=True, text=True, env=env, timeout=240,
     )
     assert run.returncode == 0, run.stderr
