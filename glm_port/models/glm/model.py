@@ -91,8 +91,10 @@ class SelfAttention(nn.Module):
 
     def _dropout_rng(self):
         """With heads split over ranks, attention dropout draws from the per-rank stream, as Megatron's
-        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator."""
-        return torch.checkpointing.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
+        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator (nothing at all to draw in
+        eval mode, so inference needs no seeded tracker)."""
+        dropping = self.heads_split and self.training and self.attention_dropout > 0
+        return torch.checkpointing.get_cuda_rng_tracker().fork() if dropping else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
