@@ -115,7 +115,7 @@ def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     return list(packed.unbind())
 
 
-def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None):
+def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0):
     """Forward one batch; returns ``(loss_to_backprop, global_loss_value)``.
 
     ``global_loss_value`` = sum(loss * mask) / mask.sum() over the whole data-parallel batch.
@@ -126,7 +126,11 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     # Their indices are found once, before the forward (on a GPU, one host sync while the queue is short).
     counted = (batch["loss_mask"] != 0).nonzero(as_tuple=True)
     logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
-    losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
+    if label_smoothing:  # torch's cross entropy (one device: the vocab-parallel op has no smoothing)
+        losses = F.cross_entropy(logits.float(), batch["target"][counted], reduction="none",
+                                 label_smoothing=label_smoothing)
+    else:
+        losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
     loss_mask = batch["loss_mask"][counted].to(losses.dtype)
     local_sum = (losses * loss_mask).sum()
     global_sum, global_count = _sum_over(dp_group, local_sum, loss_mask.sum())
@@ -135,7 +139,7 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               env: ParallelEnv | None = None) -> float:
+               env: ParallelEnv | None = None, label_smoothing: float = 0.0) -> float:
     """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
     env = env or ParallelEnv(precision.device)
     optimizer.zero_grad(set_to_none=True)
@@ -145,7 +149,7 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
-                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group)
+                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing)
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
     env.sync_gradients(model.parameters())
@@ -192,6 +196,7 @@ class TrainingLoop:
     clip_grad: float = 1.0
     log_interval: int = 100
     tokens_per_iter: int | None = None  # for the bar's tokens/s
+    label_smoothing: float = 0.0
 
     def run(self, batches: Iterator[dict], iteration: int,
             periodic: list[tuple[int, Callable[[int], None]]] = ()) -> int:
@@ -206,7 +211,7 @@ class TrainingLoop:
                 step_start = time.perf_counter()
                 microbatches = [_to_device(next(batches), env.device) for _ in range(self.accumulation)]
                 loss = train_step(self.model, microbatches, self.optimizer, self.scheduler, self.precision,
-                                  clip_grad=self.clip_grad, env=env)
+                                  clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing)
                 iteration += 1
                 interval_loss += loss
                 bar.update()

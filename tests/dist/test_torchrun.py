@@ -14,7 +14,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_setup_dist_util_under_torchrun():
+def test_setup_layout_under_torchrun():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(  # torchrun itself, as the module its console script runs
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
