@@ -1,6 +1,7 @@
 """Parallel inference is invisible in the results: glm-generate at tensor parallel 2 (from a checkpoint saved at
-model-parallel 1, and from one saved at 2) and at data parallel 2 gives one process's tokens; tensor-parallel
-logits agree with one process's within 1e-5 (fp32). Two gloo ranks, one launch."""
+model-parallel 1, and from one saved at 2), at pipeline parallel 2 and at data parallel 2 gives one process's
+tokens (greedy and beam search); tensor- and pipeline-parallel logits agree with one process's within 1e-5
+(fp32). Two gloo ranks, one launch."""
 
 import io
 import json
@@ -67,6 +68,34 @@ def check_tensor_parallel_2_beam_search():
 
 def check_data_parallel_2():
     assert generate(["--model", str(WORK / "hf")]) == EXPECTED["json"]
+
+
+def check_pipeline_parallel_2():
+    assert generate(["--model", str(WORK / "hf"), "--pipeline-parallel-size", "2"]) == EXPECTED["json"]
+
+
+def check_pipeline_parallel_2_beam_search_from_mp2():
+    ours = generate(["--model", str(WORK / "mp2"), "--pipeline-parallel-size", "2", "--num-beams", "3"])
+    assert ours == EXPECTED["beams"]
+
+
+def check_pipeline_parallel_logits():
+    import shim.distributed as sdist
+    from glm_port.distributed import PipelineStage
+    from glm_port.generation.parallel import ModelParallel
+
+    layout = sdist.setup_dist_util(pipeline_parallel_size=2)
+    try:
+        model = GLMForConditionalGeneration.from_pretrained(WORK / "hf", tensor_parallel=ModelParallel(
+            1, 0, PipelineStage(layout)))
+        held = [i for i, layer in enumerate(model.glm.transformer.layers)
+                if not layer.mlp.dense_h_to_4h.weight.is_meta]
+        assert held == [layout.pipeline_stage]  # two layers, one a stage; the other stage's never read
+        with torch.no_grad():
+            logits = model(EXPECTED["ids"], attention_mask=torch.tensor([5, 7])).logits
+        torch.testing.assert_close(logits, EXPECTED["logits"], rtol=1e-5, atol=1e-5)
+    finally:
+        sdist.reset_dist_util()
 
 
 def check_tensor_parallel_logits():
