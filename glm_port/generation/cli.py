@@ -26,11 +26,13 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="glm-generate", description=__doc__.split("\n\n")[0],
+        prog="glm-generate",
+        description="Fill blanks / continue text with a model glm_port has (GLM, ...), from released weights.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Prompts: arguments, --input FILE (one per line, or JSON lines with a \"prompt\" field; '-' is "
-               "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK] "
-               "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).")
+        epilog="Prompts: arguments, --input FILE (one per line, or JSON lines with a \"prompt\" field; '-' is\n"
+               "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK]\n"
+               "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).\n\n"
+               "examples:\n" + "\n".join("  " + line.strip() for line in __doc__.split("\n\n")[1].splitlines()))
     parser.add_argument("prompts", nargs="*", help="prompts to complete")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="weights: a Hugging Face GLM directory, upstream mp_rank_XX_model_states.pt files "
