@@ -94,7 +94,7 @@ class SelfAttention(nn.Module):
         ``get_cuda_rng_tracker().fork()``; otherwise from the default generator (nothing at all to draw in
         eval mode, so inference needs no seeded tracker)."""
         dropping = self.heads_split and self.training and self.attention_dropout > 0
-        return torch.checkpointing.get_cuda_rng_tracker().fork() if dropping else contextlib.nullcontext()
+        return torch.recompute.get_cuda_rng_tracker().fork() if dropping else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
@@ -167,7 +167,7 @@ class GLMTransformer(nn.Module):
             layers = self.layers[start:start + chunk]
             layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
             if self._checkpointing():
-                hidden = torch.checkpointing.checkpoint(
+                hidden = torch.recompute.checkpoint(
                     _run_layers(layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
                 )
             else:
@@ -188,7 +188,7 @@ class GLMTransformer(nn.Module):
 
     def _checkpoint_policy(self):
         """None (recompute everything but the chunk's input) or the selective policy."""
-        return torch.checkpointing.save_matmuls if self.config.checkpoint_policy == "selective" else None
+        return torch.recompute.save_matmuls if self.config.checkpoint_policy == "selective" else None
 
     def _update_mems(self, hiddens, mems, return_memory):
         """Keep the last ``max_memory_length`` positions of ``[old mems; new hidden states]`` per layer."""
