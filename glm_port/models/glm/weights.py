@@ -372,9 +372,13 @@ def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size:
         if list(tensor.shape) != local_shape:
             raise WeightsError(f"{source.path}: {name} is {list(tensor.shape)} there, {local_shape} in the model "
                                f"(config.json, or the tensor-parallel size {tp_size}, does not fit)")
+        source_tensor = tensor
         tensor = tensor.to(device=device or "cpu", dtype=dtype if tensor.is_floating_point() and dtype else None)
         if tensor.device.type == "cpu" and not tensor.is_contiguous() or _is_mapped(tensor):
             tensor = tensor.contiguous().clone()
+        if _is_mapped(source_tensor):
+            _release_pages(source_tensor)
+        del source_tensor
         (assign or _assign_parameter)(model, HF_PREFIX + name, tensor)
         seen.add(name)
     missing = [k for k in expected if k not in seen]
@@ -388,6 +392,36 @@ def _is_mapped(tensor) -> bool:
         return not tensor.untyped_storage().resizable()
     except (RuntimeError, AttributeError):
         return False
+
+
+def _release_pages(tensor) -> None:
+    """Drop the file pages a consumed tensor was read from.
+
+    A memory-mapped checkpoint's pages count in the process's resident memory for as long as the file
+    stays mapped, so reading a single-file checkpoint would end near twice the weights (the mapped file +
+    the model's copy). Once a tensor is copied out, ``madvise(MADV_DONTNEED)`` on the whole pages inside it
+    returns them (they re-read from the file if touched again). Only called on storages the readers
+    memory-mapped (safetensors, ``torch.load(mmap=True)``; never resizable), so nothing anonymous is dropped.
+    """
+    import ctypes
+    import mmap
+
+    libc = getattr(_release_pages, "libc", None)
+    if libc is None:
+        try:
+            libc = _release_pages.libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise  # noqa: B018  (present on Linux and macOS)
+        except (OSError, AttributeError):
+            _release_pages.libc = False
+            return
+    if not libc or tensor.device.type != "cpu":
+        return
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // page) * page, end // page * page  # whole pages only: neighbours keep theirs
+    if last > first:
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # MADV_DONTNEED
 
 
 def _assign_parameter(model, qualified: str, tensor) -> None:
