@@ -37,6 +37,10 @@ def _write_checkpoints():
     for rank in range(2):
         part = {k: weights.take_slice(k, v, 2, rank).clone() for k, v in state.items()}
         torch.save({"module": part}, mp / f"mp_rank_{rank:02d}_model_states.pt")
+    three = GLMPretrainedConfig(num_layers=1, hidden_size=48, num_attention_heads=3, vocab_size=vocab.vocab_size,
+                                max_sequence_length=64)
+    weights.save_hf({k[len("glm."):]: v for k, v in GLMForConditionalGeneration(three).state_dict().items()},
+                    WORK / "three_heads", three.to_dict())
     EXPECTED["json"] = generate(["--model", str(WORK / "hf")])
     ids = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     EXPECTED["ids"] = ids
@@ -112,6 +116,17 @@ def check_tensor_parallel_logits():
         torch.testing.assert_close(logits, EXPECTED["logits"], rtol=1e-5, atol=1e-5)
     finally:
         sdist.reset_dist_util()
+
+
+def check_heads_that_do_not_split_are_one_line_exit_2():
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        cli.main(["--model", str(WORK / "three_heads"), "--tensor-parallel-size", "2", "a [MASK]"])
+    assert exit_info.value.code == 2
+    line = err.getvalue().strip()
+    assert line.startswith("glm-generate: error:") and "num_attention_heads" in line and "\n" not in line, line
 
 
 CHECKS = {name: check for name, check in globals().items() if name.startswith("check_")}

@@ -106,13 +106,11 @@ def test_generation_options_reach_generation_mixin(model, tokenizer):
     assert len(out) == len(set(out))
     beams = model.generate(**inputs, num_beams=4, num_return_sequences=3, **base)
     assert beams.size(0) == 3
-    a = model.generate(**inputs, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, **base,
-                       generator=None) if False else None
-    torch.manual_seed(5)
-    a = model.generate(**inputs, do_sample=True, top_k=20, temperature=0.8, **base)
-    torch.manual_seed(5)
-    b = model.generate(**inputs, do_sample=True, top_k=20, temperature=0.8, **base)
-    assert torch.equal(a, b)
+    sampled = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        sampled.append(model.generate(**inputs, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, **base))
+    assert torch.equal(sampled[0], sampled[1]) and not torch.equal(sampled[0], sampled[2])
 
 
 def test_eop_stops_and_min_length(tokenizer):
