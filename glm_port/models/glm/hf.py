@@ -128,6 +128,11 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard."""
         from glm_port.models.glm import weights
 
+        dtype = overrides.pop("torch_dtype", dtype)  # transformers' older spelling
+        unknown = [k for k in overrides if not hasattr(GLMPretrainedConfig(), k)]
+        if unknown:
+            raise TypeError(f"from_pretrained got unexpected arguments: {', '.join(unknown)} (config fields and "
+                            f"dtype, device, tensor_parallel are accepted)")
         return weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
                                   **overrides)
 
