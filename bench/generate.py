@@ -9,6 +9,8 @@ batch 1 by default, exactly --new-tokens tokens (no end token), through ``model.
 
 - ``cached``: glm_port's GLMForConditionalGeneration with its KV cache (transformers' DynamicCache);
 - ``recompute``: the same model, ``use_cache=False`` (the whole prefix every step);
+- ``static`` (``--variants cached,static,recompute``): a preallocated cache (transformers' StaticCache), no
+  growing copy of the keys and values at each step;
 - ``thudm`` (``--thudm``): THUDM's published modeling_glm.py on the same weights, in the Python named by
   GLM_REF_PYTHON (transformers 4.27); its cache never reaches it under transformers >= 4.26, so it recomputes.
 
@@ -113,7 +115,8 @@ def worker(args) -> dict:
         with torch.inference_mode():
             out = model.generate(input_ids=ids, position_ids=positions, generation_attention_mask=mask,
                                  max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0, use_cache=args.worker == "cached",
+                                 eos_token_id=None, pad_token_id=0, use_cache=args.worker != "recompute",
+                                 cache_implementation="static" if args.worker == "static" else None,
                                  stopping_criteria=StoppingCriteriaList([first_token]))
         end = time.perf_counter()
         return out, clock["first"] - start, end - clock["first"]

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--no-repeat-ngram-size", type=int, default=None)
     search.add_argument("--num-return-sequences", type=int, default=1, help="results per prompt (one-blank prompts)")
     search.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow)")
+    search.add_argument("--static-cache", action="store_true",
+                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it")
     run = parser.add_argument_group("where it runs")
     run.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and compute precision (default fp32)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the accelerator if any)")
@@ -110,6 +112,8 @@ def read_prompts(args) -> list[str]:
 def generate_kwargs(args) -> dict:
     kwargs = {"do_sample": args.do_sample, "num_beams": args.num_beams,
               "num_return_sequences": args.num_return_sequences, "use_cache": not args.no_cache}
+    if args.static_cache:
+        kwargs["cache_implementation"] = "static"
     for name in ("temperature", "top_k", "top_p", "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)

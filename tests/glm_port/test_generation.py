@@ -75,6 +75,17 @@ def test_greedy_cached_equals_recompute(model, tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_static_cache_equals_dynamic_cache(model, tokenizer):
+    inputs = tokenizer.build_inputs_for_generation(TEXTS, max_gen_length=10)
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=[tokenizer.eop_token_id],
+                  pad_token_id=tokenizer.pad_token_id, output_scores=True, return_dict_in_generate=True)
+    dynamic = model.generate(**inputs, **kwargs)
+    static = model.generate(**inputs, cache_implementation="static", **kwargs)
+    assert torch.equal(dynamic.sequences, static.sequences)
+    for a, b in zip(dynamic.scores, static.scores):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_beam_search_equals_exhaustive_search():
     vocab, steps = 5, 3
     model = tiny_model(vocab, seed=3, std=0.5, hidden=32, layers=1)

@@ -83,6 +83,8 @@ class SelfAttention(nn.Module):
         q = q[:, :, -query_length:]
         if cache is not None:
             k, v = cache.update(k, v, layer_index)
+            if k.size(-2) > visible.size(-1):  # a preallocated (static) cache: its empty slots stay unseen
+                visible = F.pad(visible, (0, k.size(-2) - visible.size(-1)), value=False)
         with self._dropout_rng():
             context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
         out, bias = self.dense(context.transpose(1, 2).flatten(2))
