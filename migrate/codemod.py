@@ -28,7 +28,8 @@ import libcst as cst
 
 from migrate.index import ModuleIndex
 from migrate.report import FileReport
-from migrate.rewrite import ArgEdits, NewAlias, rewrite_call, rewrite_import, rewrite_import_from
+from migrate.rewrite import (ArgEdits, NewAlias, receiver_as_argument, rewrite_call, rewrite_import,
+                             rewrite_import_from)
 from migrate.rules import Rule, RuleSet, mapped_name
 from migrate.scopes import Chain, ImportBinding, Scope, collect, dotted_parts
 
@@ -47,8 +48,14 @@ def migrate_source(source: str, path: str, module: str, is_package: bool, index:
         return source, report
     try:
         return _FileMigration(source, tree, module, is_package, index, rules, report).run(), report
-    except RewriteError as exc:  # the file stays whole: every change or none
+    except RewriteError as exc:  # a planning bug (overlapping edits): the file stays whole
         return source, FileReport(path, error=str(exc))
+
+
+def _cannot(text: str, exc: Exception) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else text
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot rewrite `{first[:60]}{'...' if len(first) > 60 or chr(10) in text.strip() else ''}` ({reason}): left as it is"
 
 
 class RewriteError(Exception):
@@ -242,7 +249,12 @@ class _FileMigration:
             try:
                 result = render(text)
             except (cst.ParserSyntaxError, ValueError) as exc:
-                raise RewriteError(f"line {node.lineno}: cannot rewrite {text!r}: {exc}") from None
+                # This site stays as it is and is reported; the rest of the file is still migrated.
+                for entry in entries:
+                    if entry in self.report.changes:
+                        self.report.changes.remove(entry)
+                    self._leave(node.lineno, self._rule(entry["code"]), _cannot(text, exc))
+                return text
             for entry in entries:
                 entry["after"] = result
             return result
@@ -262,8 +274,11 @@ class _FileMigration:
                 resolved = self._resolve(chain)
                 if resolved is not None:
                     canonical = self.index.canonical(resolved[1])[0]
+                    if canonical == "importlib.import_module":
+                        self._import_module_call(call)
+                        continue
                     rule = self.rules.calls.get(canonical)
-                    if rule is not None and not self._defines(canonical):
+                    if rule is not None and not self._defines(canonical, rule):
                         self._call(call, chain, rule)
                         continue
                     rule = self.rules.arguments.get(canonical)
@@ -275,17 +290,49 @@ class _FileMigration:
                     and not self._is_library_name(call.func.value, scope):
                 self._method(call, scope, self.rules.methods[call.func.attr])
 
+    def _import_module_call(self, call: ast.Call) -> None:
+        """``importlib.import_module("name")`` with a literal absolute name: the name is mapped as an
+        ``import name`` would be (Megatron loads ``fused_mix_prec_layer_norm_cuda`` this way)."""
+        if not call.args or call.keywords or len(call.args) > 1:
+            return
+        literal = call.args[0]
+        if not (isinstance(literal, ast.Constant) and isinstance(literal.value, str)) or literal.value.startswith("."):
+            return
+        name = literal.value
+        if self.index.is_tree_name(name):
+            return
+        rule = self.rules.best(name)
+        if rule is None or rule.kind not in ("module", "symbol", "unsupported", "report"):
+            return
+        wanted = mapped_name(rule, name)
+        if wanted is None:
+            self._leave(call.lineno, rule)
+            return
+        if wanted == name:
+            return
+        quote = self._segment(literal)[:1]
+        after = f"{quote}{wanted}{quote}" if quote in ("'", '"') else repr(wanted)
+        self._change(call.lineno, rule, self._segment(literal), after, wanted)
+        self._edit(literal, lambda _text: after)
+
     def _is_library_name(self, node: ast.expr, scope: Scope) -> bool:
         """Whether ``node`` names a library's module or class (``torch.nn.Module.cuda(self)`` is no method call)."""
         found = dotted_parts(node)
         binding = found and scope.import_of(found[0].id)
         return bool(binding) and not self.index.is_tree_name(binding.source)
 
-    def _defines(self, name: str) -> bool:
+    def _defines(self, name: str, rule: Rule) -> bool:
         """Whether this file is in the tree package that defines ``name``: ``mpu/`` and its own
-        tests keep calling ``mpu``'s implementation."""
-        package = name.split(".")[0]
-        return self.index.is_tree_name(name) and (self.module == package or self.module.startswith(package + "."))
+        tests keep calling ``mpu``'s implementation (``mpu.cross_entropy.f``: the package ``mpu``),
+        ``megatron/fused_kernels/`` its own ``load`` (``megatron.fused_kernels.load``: defined in a
+        package, that package) while ``megatron/initialize.py`` is migrated."""
+        if not self.index.is_tree_name(name):
+            return False
+        defining = self.index._tree_prefix(name)
+        if rule.args.get("scope") == "module":  # only the defining module keeps its own calls
+            return self.module == defining
+        package = defining if defining in self.index.packages else defining.rpartition(".")[0] or defining
+        return self.module == package or self.module.startswith(package + ".")
 
     def _unmappable(self, call: ast.Call, rule: Rule) -> bool:
         """``f(*args, **kwargs)``: which parameter each argument is cannot be known, so it is reported."""
@@ -304,10 +351,13 @@ class _FileMigration:
             for keyword, template in rule.args.get("add", {}).items()
         }
         edits = ArgEdits.from_rule(rule.args, add)
+        column = self.text.column(call)
+        render = self._checked(call, rule, lambda text: rewrite_call(text, edits, func=func, column=column))
+        if render is None or render(self._segment(call)) == self._segment(call):
+            return  # unrewritable (reported), or already as the rule wants it (allow_no_cuda=True given)
         self._consume(chain.root.id, rule.code)
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target)
-        column = self.text.column(call)
-        self._edit(call, lambda text: rewrite_call(text, edits, func=func, column=column), [entry])
+        self._edit(call, render, [entry])
 
     def _argument(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         self.handled.add(id(call.func))
@@ -319,11 +369,31 @@ class _FileMigration:
     def _method(self, call: ast.Call, scope: Scope, rule: Rule) -> None:
         if self._unmappable(call, rule):
             return
+        if rule.args.get("receiver") == "argument":  # x.type(...) -> target(x, ...)
+            func = self._spell(rule.target, scope, call.lineno)
+            render = self._checked(call, rule, lambda text: receiver_as_argument(text, func))
+            if render is not None:
+                self._edit(call, render, [self._change(call.lineno, rule, self._segment(call), "", rule.target)])
+            return
         first = self._spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
+        render = self._checked(call, rule, lambda text: rewrite_call(text, edits, method=method, first=first))
+        if render is None:
+            return
         entry = self._change(call.lineno, rule, self._segment(call), "", rule.target + "()")
-        self._edit(call, lambda text: rewrite_call(text, edits, method=method, first=first), [entry])
+        self._edit(call, render, [entry])
+
+    def _checked(self, node: ast.AST, rule: Rule, render: Callable[[str], str]) -> Callable[[str], str] | None:
+        """``render``, once it has rewritten the site's own text; else None, with the site reported
+        (line, rule, why) as unconverted, before any import is dropped on its account."""
+        segment = self._segment(node)
+        try:
+            result = render(segment)
+        except (cst.ParserSyntaxError, ValueError) as exc:
+            self._leave(node.lineno, rule, _cannot(segment, exc))
+            return None
+        return lambda text: result if text == segment else render(text)
 
     # -- references -----------------------------------------------------------
     def _plan_references(self) -> None:
@@ -338,7 +408,7 @@ class _FileMigration:
             line = chain.node.lineno
             if self.index.is_tree_name(canonical):
                 call_rule = self.rules.calls.get(canonical)
-                if call_rule is not None and not self._defines(canonical):
+                if call_rule is not None and not self._defines(canonical, call_rule):
                     self._leave(line, call_rule, f"used as a value, not called: not rewritten; {call_rule.note}")
                 continue
             if re_exported:

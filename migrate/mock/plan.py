@@ -18,6 +18,12 @@ SCOPES = {
     "amp_C": "NVIDIA apex",
     "deepspeed": "DeepSpeed (pip install deepspeed)",
     "torch._six": "torch < 2.0",
+    # Megatron-LM's CUDA extensions, built by its fused_kernels.load(args) (rules/megatron.toml)
+    "scaled_masked_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
+    "scaled_upper_triang_masked_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
+    "scaled_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
+    "fused_mix_prec_layer_norm_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
+    "fused_layer_norm_cuda": "NVIDIA apex",
 }
 
 # DeepSpeed's init_distributed: the codemod rewrites its call to init_process_group (an

@@ -23,7 +23,11 @@ def _resolves(name: str) -> bool:
 
 @pytest.mark.parametrize("rule", [r for r in RULES if r.target], ids=lambda r: r.code)
 def test_target_exists(rule: Rule):
-    """Every target resolves: ``shim.*`` in shim, anything else (numpy, builtins) by import."""
+    """Every target resolves: ``shim.*`` in shim, anything else (numpy, builtins) by import; a ``call``
+    rule that only edits the arguments of a function of the migrated tree keeps it as its target."""
+    if rule.kind == "call" and rule.target == rule.match:
+        assert rule.args.get("add") or rule.args.get("drop") or rule.args.get("rename"), rule.code
+        return
     assert _resolves(rule.target), f"{rule.code}: {rule.target} does not resolve"
 
 
