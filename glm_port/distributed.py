@@ -10,6 +10,7 @@ set up here is what turns those layers into shards when the model is built after
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import shim as torch
@@ -101,3 +102,48 @@ class ParallelEnv:
     def close(self) -> None:
         if self._owns_process_group:
             dist.destroy_process_group()
+
+
+class PipelineStage:
+    """This rank's stage of an inference pipeline (shim's layout, ``pipeline_parallel_size > 1``).
+
+    Stages run in lockstep: stage s receives the hidden states of stage s - 1, runs its layers
+    (``layers``, a range of global layer indices, as ``ParallelLayout.stage_layers`` splits them) and sends
+    them on; the last stage's output (the logits) is broadcast to every stage, so each rank sees the same
+    logits and takes the same search steps.
+    """
+
+    def __init__(self, layout, num_layers: int | None = None):
+        """``num_layers``: the model's layers, when the layout was set up before they were known."""
+        if num_layers is not None and num_layers != layout.pipeline_num_layers:
+            layout = dataclasses.replace(layout, pipeline_num_layers=num_layers)
+        self.layout = layout
+        self.stage = layout.pipeline_stage
+        self.stages = layout.pipeline_parallel_size
+        self.layers = layout.stage_layers(self.stage)
+        self.group = layout.pipeline_mesh.get_group()
+        dp, tp = layout.data_parallel_rank, layout.tensor_parallel_rank
+        self._rank_of = [int(layout.mesh.mesh[s, dp, tp]) for s in range(self.stages)]
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def holds(self, layer_index: int) -> bool:
+        return layer_index in self.layers
+
+    def send_forward(self, tensor) -> None:
+        dist.send(tensor.contiguous(), self._rank_of[self.stage + 1], group=self.group)
+
+    def recv_forward(self, shape, dtype, device):
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(tensor, self._rank_of[self.stage - 1], group=self.group)
+        return tensor
+
+    def broadcast_from_last(self, tensor):
+        dist.broadcast(tensor, self._rank_of[-1], group=self.group)
+        return tensor

@@ -36,7 +36,18 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
     def __init__(self, config: GLMPretrainedConfig, glm: GLMModel | None = None):
         super().__init__(config)
         self.glm = glm if glm is not None else GLMModel(config.to_glm_config())
+        self.pipeline = None  # a glm_port.distributed.PipelineStage when the layers are split into stages
+        self.run_device = None  # where it runs, when the first parameter (another stage's) does not say
         self.post_init()
+
+    @property
+    def device(self):
+        return self.run_device if self.run_device is not None else super().device
+
+    @property
+    def dtype(self):
+        # A pipeline stage leaves other stages' weights on the meta device: ask one it holds.
+        return next((p.dtype for p in self.parameters() if not p.is_meta), super().dtype)
 
     def _init_weights(self, module):
         """GLMModel initialises itself (upstream's scheme); loading replaces it."""
@@ -52,6 +63,11 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard."""
         from glm_port.models.glm import weights
 
+        dtype = overrides.pop("torch_dtype", dtype)  # transformers' older spelling
+        unknown = [k for k in overrides if not hasattr(GLMPretrainedConfig(), k)]
+        if unknown:
+            raise TypeError(f"from_pretrained got unexpected arguments: {', '.join(unknown)} (config fields and "
+                            f"dtype, device, tensor_parallel are accepted)")
         return weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
                                   **overrides)
 
@@ -76,27 +92,40 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
         glm = self.glm
         transformer = glm.transformer
-        hidden = glm.word_embeddings(input_ids)
-        if transformer.config.block_position_encoding:
-            hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
-            hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
+        stage = self.pipeline
+        if stage is None or stage.is_first:
+            hidden = glm.word_embeddings(input_ids)
+            if transformer.config.block_position_encoding:
+                hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
+                hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
+            else:
+                hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
+                                                                  else position_ids[:, 0])
+            hidden = transformer.embedding_dropout(hidden)
         else:
-            hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
-                                                              else position_ids[:, 0])
-        hidden = transformer.embedding_dropout(hidden)
+            hidden = stage.recv_forward((batch_size, query_length, self.config.hidden_size), self.dtype,
+                                        input_ids.device)
         layer_cache = cache if use_cache is not False else None
-        for index, layer in enumerate(transformer.layers):
-            hidden = layer(hidden, visible, cache=layer_cache, layer_index=index)
-        hidden = transformer.final_layernorm(hidden)
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = glm.word_embeddings.logits(hidden)
-        table = glm.word_embeddings.weight
-        if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
-            from torch.distributed.tensor import DTensor, Shard
+        layers = range(len(transformer.layers)) if stage is None else stage.layers
+        for local, index in enumerate(layers):
+            # A pipeline stage's cache holds its own layers only, numbered from 0.
+            hidden = transformer.layers[index](hidden, visible, cache=layer_cache,
+                                               layer_index=index if stage is None else local)
+        kept = logits_to_keep or query_length
+        if stage is not None and not stage.is_last:
+            stage.send_forward(hidden)
+            logits = torch.empty(batch_size, kept, self.config.vocab_size, dtype=self.dtype, device=input_ids.device)
+        else:
+            hidden = transformer.final_layernorm(hidden[:, -kept:])
+            logits = glm.word_embeddings.logits(hidden)
+            table = glm.word_embeddings.weight
+            if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
+                from torch.distributed.tensor import DTensor, Shard
 
-            logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
-                                        run_check=False).full_tensor()
+                logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
+                                            run_check=False).full_tensor()
+        if stage is not None:  # every stage takes the same search step on the last stage's logits
+            logits = stage.broadcast_from_last(logits)
         loss = None
         if labels is not None:
             counted = labels != -100

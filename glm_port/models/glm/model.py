@@ -97,6 +97,8 @@ class SelfAttention(nn.Module):
         q = q[:, :, -query_length:]
         if cache is not None:
             k, v = cache.update(k, v, layer_index)
+            if k.size(-2) > visible.size(-1):  # a preallocated (static) cache: its empty slots stay unseen
+                visible = F.pad(visible, (0, k.size(-2) - visible.size(-1)), value=False)
         with self._dropout_rng():
             context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
         out, bias = self.dense(context.transpose(1, 2).flatten(2))
@@ -105,8 +107,10 @@ class SelfAttention(nn.Module):
 
     def _dropout_rng(self):
         """With heads split over ranks, attention dropout draws from the per-rank stream, as Megatron's
-        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator."""
-        return torch.recompute.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
+        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator (nothing at all to draw in
+        eval mode, so inference needs no seeded tracker)."""
+        dropping = self.heads_split and self.training and self.attention_dropout > 0
+        return torch.recompute.get_cuda_rng_tracker().fork() if dropping else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
