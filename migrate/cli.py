@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--verify"]:
-        from migrate import verify  # its own parser and exit status
+        from harness import verify  # the upstream harness: its own parser and exit status
 
         return verify.main(argv[1:])
     p = parser()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,10 @@ import pytest
 
 from migrate.mock import environ as mock_env
 
+from ..conftest import free_port  # noqa: F401  (test modules import it from here too)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SCOPE_VARS = ("PYTHONPATH", mock_env.ENV_ACTIVE, mock_env.ENV_SAVED, "GLM_MOCK_FORCE", "GLM_MOCK_DISABLE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
