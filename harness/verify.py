@@ -4,9 +4,9 @@
     python -m harness.verify /path/to/GLM ...
 
 The checkout is copied to a scratch directory and migrated there. The migrated
-tree is checked statically (no apex import left, no ``mpu.vocab_parallel_cross_entropy``
-call outside ``mpu/``, every file compiles, data files byte for byte, a second
-migration changes nothing). Then, for each mode, upstream's ``pretrain_glm.py``
+tree is checked statically (what the ``[[forbid]]`` tables of ``rules/`` list: no apex
+import left, no ``mpu.vocab_parallel_cross_entropy`` call outside ``mpu/``; every file
+compiles, data files byte for byte, a second migration changes nothing). Then, for each mode, upstream's ``pretrain_glm.py``
 trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
 the original under ``glm-mock``, the migrated tree with no mock and with apex and
 DeepSpeed unimportable (``harness.without``), installed or not. The ``lm loss``
@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from harness import upstream as up
 from harness.upstream import ELAPSED, ported_env
+from migrate.rules import Forbid, load_tables
 from migrate.runner import Options, migrate_tree, run
 
 MODES = {"1": (1, 1), "dp2": (2, 1), "tp2": (2, 2)}  # name -> (processes, model-parallel size)
@@ -89,6 +90,7 @@ def relative(a: float, b: float) -> float:
 def static_problems(src: Path, dst: Path) -> list[str]:
     """What the issue demands of the migrated tree itself; an empty list when all holds."""
     problems = []
+    forbidden = load_tables().forbid  # the [[forbid]] entries of rules/*.toml
     for path in sorted(dst.rglob("*")):
         rel = path.relative_to(dst)
         if not path.is_file() or rel.name in ("migration_report.json", "MIGRATION_REPORT.md"):
@@ -109,19 +111,23 @@ def static_problems(src: Path, dst: Path) -> list[str]:
                 problems.append(f"{rel}: does not compile: {exc.msg} (line {exc.lineno})")
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "apex" for a in node.names):
-                problems.append(f"{rel}:{node.lineno}: apex import left")
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex" and not node.level:
-                problems.append(f"{rel}:{node.lineno}: apex import left")
-            elif (isinstance(node, ast.Call) and _called_name(node) == "vocab_parallel_cross_entropy"
-                  and rel.parts[0] != "mpu"):  # fmt: skip
-                problems.append(f"{rel}:{node.lineno}: vocab_parallel_cross_entropy call left outside mpu/")
+            problems += [f"{rel}:{node.lineno}: {f.message}" for f in forbidden if _forbidden(f, node, rel)]
     originals = (p.relative_to(src) for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     problems += [f"{rel}: not in the migrated tree" for rel in sorted(originals) if not (dst / rel).exists()]
     _, _, again = migrate_tree(Options(src=dst, quiet=True))
     if again["changes"]:
         problems.append(f"a second migration would make {again['changes']} more changes")
     return problems
+
+
+def _forbidden(forbid: Forbid, node: ast.AST, rel: Path) -> bool:
+    """Whether ``node`` (in the migrated file ``rel``) is what ``forbid`` says must not be left."""
+    if forbid.what == "import":
+        if isinstance(node, ast.Import):
+            return any(a.name.split(".")[0] == forbid.name for a in node.names)
+        return isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == forbid.name \
+            and not node.level
+    return isinstance(node, ast.Call) and _called_name(node) == forbid.name and rel.parts[0] != forbid.outside
 
 
 def _called_name(call: ast.Call) -> str | None:

@@ -3,7 +3,9 @@
 The codemod rewrites ``apex.optimizers.FusedAdam`` to ``shim.optim.FusedAdam``; the
 mock serves the same rule at import time. Only rules inside :data:`SCOPES` matter
 here: the rest of torch (``torch.cuda``, ``.cuda()``...) is made portable by
-``shim.compat.install()``, not by stand-in modules.
+``shim.compat.install()``, not by stand-in modules. The scopes, and the few names served
+that no rule maps, are tables in ``rules/`` too (``[[mock_scope]]``, ``[[mock_defined]]``);
+what each rule kind means to the mock is its ``mock`` entry in ``migrate.kinds``.
 """
 
 from __future__ import annotations
@@ -12,19 +14,15 @@ import importlib
 from functools import lru_cache
 from typing import NamedTuple
 
-# Module trees the mock can stand in for -> what to install to get the real thing.
-SCOPES = {
-    "apex": "NVIDIA apex",
-    "amp_C": "NVIDIA apex",
-    "deepspeed": "DeepSpeed (pip install deepspeed)",
-    "torch._six": "torch < 2.0",
-}
+from migrate.kinds import Mock
+from migrate.rules import load_tables
 
-# DeepSpeed's init_distributed: the codemod rewrites its call to init_process_group (an
-# argument edit the mock cannot make), so the mock serves shim.deepspeed's, same signature.
-MOCK_DEFINED = {
-    "deepspeed.init_distributed": "shim.deepspeed.init_distributed",
-}
+# Read when the mock starts, before its finder is installed (so reading imports nothing through it).
+_TABLES = load_tables()
+# Module trees the mock can stand in for -> what to install to get the real thing.
+SCOPES = {scope.name: scope.install for scope in _TABLES.mock_scopes}
+# Names the mock serves that no rule maps -> what serves them.
+MOCK_DEFINED = {defined.match: defined.target for defined in _TABLES.mock_defined}
 
 
 class Redirect(NamedTuple):
@@ -33,7 +31,7 @@ class Redirect(NamedTuple):
     name: str
     kind: str  # "module" (a stand-in forwarding to target), "symbol", or "not covered"
     target: str | None = None
-    code: str = ""  # the rule code, "" for MOCK_DEFINED
+    code: str = ""  # the rule code, "" for a mock_defined name
     note: str = ""
 
 
@@ -83,21 +81,23 @@ class Plan:
 
 
 def _redirect(rule) -> Redirect:
-    if rule.kind in ("module", "symbol") or (rule.kind == "call" and not rule.args):
-        return Redirect(rule.match, "module" if rule.kind == "module" else "symbol", rule.target, rule.code, rule.note)
-    if rule.kind == "call":
+    """What the mock does for ``rule``: its kind's ``mock`` entry in ``migrate.kinds.KINDS``."""
+    mock = rule.spec.mock
+    if mock is Mock.SYMBOL_IF_PLAIN:
+        if not rule.args:
+            return Redirect(rule.match, "symbol", rule.target, rule.code, rule.note)
         note = f"{rule.note} (its argument edits need glm-migrate; the mock cannot apply them)"
         return Redirect(rule.match, "not covered", code=rule.code, note=note)
+    if mock in (Mock.MODULE, Mock.SYMBOL):
+        return Redirect(rule.match, mock.value, rule.target, rule.code, rule.note)
     return Redirect(rule.match, "not covered", code=rule.code, note=rule.note)
 
 
 @lru_cache(maxsize=None)
 def load_plan() -> Plan:
-    from migrate.rules import load_rules  # only when a mocked name is imported: start-up stays cheap
-
-    redirects = {r.match: _redirect(r) for r in load_rules() if scope_of(r.match) and r.kind != "method"}
-    for name, target in MOCK_DEFINED.items():
-        redirects[name] = Redirect(name, "symbol", target, note="shim.deepspeed's, on shim.distributed")
+    redirects = {r.match: _redirect(r) for r in _TABLES.rules if scope_of(r.match) and r.spec.mock is not Mock.IGNORED}
+    for defined in _TABLES.mock_defined:
+        redirects[defined.match] = Redirect(defined.match, "symbol", defined.target, note=defined.note)
     return Plan(list(redirects.values()))
 
 
