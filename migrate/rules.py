@@ -21,19 +21,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate.kinds import KINDS, Kind, KindSpec, Site
+from migrate.rulefiles import RuleError, parsed_files, rules_dir
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+__all__ = ["Forbid", "MockDefined", "MockScope", "Rule", "RuleError", "RuleSet", "Tables", "load_rules",
+           "load_tables", "mapped_name", "rules_dir"]  # fmt: skip
 
 SAFETY = frozenset({"safe", "review"})
 NEEDS_TARGET = frozenset(kind.value for kind, spec in KINDS.items() if spec.needs_target)
 FORBID_WHAT = frozenset({"import", "call"})
-
-
-class RuleError(ValueError):
-    """A rule table is malformed."""
 
 
 @dataclass(frozen=True)
@@ -102,17 +97,6 @@ class Tables:
     forbid: tuple[Forbid, ...]
 
 
-def rules_dir() -> Path:
-    """The rules/ directory: beside the packages in a checkout, or under share/ when installed."""
-    here = Path(__file__).resolve().parent.parent / "rules"
-    if here.is_dir():
-        return here
-    installed = Path(sys.prefix) / "share" / "glm-migrate" / "rules"
-    if installed.is_dir():
-        return installed
-    raise RuleError(f"rule tables not found (looked in {here} and {installed})")
-
-
 _ENTRY_TYPES = {"rule": Rule, "mock_scope": MockScope, "mock_defined": MockDefined, "forbid": Forbid}
 _REQUIRED = {"rule": {"code", "kind", "match"}, "mock_scope": {"name", "install"},
              "mock_defined": {"match", "target", "note"}, "forbid": {"what", "name", "message"}}  # fmt: skip
@@ -141,11 +125,7 @@ def _entries(path: Path, data: dict, table: str) -> list[tuple[str, dict]]:
     return checked
 
 
-def _parse(path: Path) -> Tables:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{path.name}: {exc}") from None
+def _parse(path: Path, data: dict) -> Tables:
     unknown = data.keys() - _ENTRY_TYPES.keys()
     if unknown:
         raise RuleError(f"{path.name}: unknown tables {sorted(unknown)} (known: {sorted(_ENTRY_TYPES)})")
@@ -177,10 +157,7 @@ def _parse(path: Path) -> Tables:
 def load_tables(directory: str | None = None) -> Tables:
     """Every table from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), checked across
     files: rule codes and mock scopes unique, each ``mock_defined`` name inside a mock scope."""
-    root = Path(directory) if directory else rules_dir()
-    if not root.is_dir():
-        raise RuleError(f"rule tables not found: {root} is not a directory")
-    parts = [_parse(path) for path in sorted(root.glob("*.toml"))]
+    parts = [_parse(path, data) for path, data in parsed_files(directory)]
     tables = Tables(*(tuple(x for part in parts for x in getattr(part, f)) for f in Tables.__dataclass_fields__))
     seen: dict[str, str] = {}
     for rule in tables.rules:

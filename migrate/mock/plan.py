@@ -1,7 +1,7 @@
 """What glm-mock redirects, read from the rule tables (one mapping, two consumers).
 
 The codemod rewrites ``apex.optimizers.FusedAdam`` to ``shim.optim.FusedAdam``; the
-mock serves the same rule at import time. Only rules inside :data:`SCOPES` matter
+mock serves the same rule at import time. Only rules inside its scopes (:func:`scopes`) matter
 here: the rest of torch (``torch.cuda``, ``.cuda()``...) is made portable by
 ``shim.compat.install()``, not by stand-in modules. The scopes, and the few names served
 that no rule maps, are tables in ``rules/`` too (``[[mock_scope]]``, ``[[mock_defined]]``);
@@ -14,15 +14,31 @@ import importlib
 from functools import lru_cache
 from typing import NamedTuple
 
-from migrate.kinds import Mock
-from migrate.rules import load_tables
+from migrate.rulefiles import parsed_files
 
-# Read when the mock starts, before its finder is installed (so reading imports nothing through it).
-_TABLES = load_tables()
-# Module trees the mock can stand in for -> what to install to get the real thing.
-SCOPES = {scope.name: scope.install for scope in _TABLES.mock_scopes}
-# Names the mock serves that no rule maps -> what serves them.
-MOCK_DEFINED = {defined.match: defined.target for defined in _TABLES.mock_defined}
+
+@lru_cache(maxsize=None)
+def scopes() -> dict[str, str]:
+    """Module trees the mock can stand in for -> what to install to get the real thing (``[[mock_scope]]``).
+
+    Read from the parsed TOML alone, on the first import the finder cannot rule out by itself (it
+    never asks for a standard-library name, and everything reading the files imports is one): a
+    process that imports nothing else pays nothing. ``migrate.rules`` checks every entry when the
+    plan is built (:func:`load_plan`), on the first import of a mocked name."""
+    return {scope["name"]: scope["install"] for _, data in parsed_files() for scope in data.get("mock_scope", ())}
+
+
+def mock_defined() -> dict[str, str]:
+    """Names the mock serves that no rule can -> what serves them (``[[mock_defined]]``)."""
+    return {entry["match"]: entry["target"] for _, data in parsed_files() for entry in data.get("mock_defined", ())}
+
+
+def __getattr__(name: str):  # SCOPES and MOCK_DEFINED, read when first asked for
+    if name == "SCOPES":
+        return scopes()
+    if name == "MOCK_DEFINED":
+        return mock_defined()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Redirect(NamedTuple):
@@ -37,7 +53,7 @@ class Redirect(NamedTuple):
 
 def scope_of(name: str) -> str | None:
     """The scope ``name`` lies in (``"apex"`` for ``apex.amp``), or None."""
-    for scope in SCOPES:
+    for scope in scopes():
         if name == scope or name.startswith(scope + "."):
             return scope
     return None
@@ -76,12 +92,14 @@ class Plan:
         code = f"[{redirect.code}] " if redirect.code else ""
         return (
             f"{name} is not covered by glm-mock: {code}{redirect.note} "
-            f"(install {SCOPES[scope_of(name)]} to use it)"
+            f"(install {scopes()[scope_of(name)]} to use it)"
         )
 
 
 def _redirect(rule) -> Redirect:
     """What the mock does for ``rule``: its kind's ``mock`` entry in ``migrate.kinds.KINDS``."""
+    from migrate.kinds import Mock
+
     mock = rule.spec.mock
     if mock is Mock.SYMBOL_IF_PLAIN:
         if not rule.args:
@@ -95,8 +113,12 @@ def _redirect(rule) -> Redirect:
 
 @lru_cache(maxsize=None)
 def load_plan() -> Plan:
-    redirects = {r.match: _redirect(r) for r in _TABLES.rules if scope_of(r.match) and r.spec.mock is not Mock.IGNORED}
-    for defined in _TABLES.mock_defined:
+    from migrate.kinds import Mock
+    from migrate.rules import load_tables  # only when a mocked name is imported: start-up stays cheap
+
+    tables = load_tables()
+    redirects = {r.match: _redirect(r) for r in tables.rules if scope_of(r.match) and r.spec.mock is not Mock.IGNORED}
+    for defined in tables.mock_defined:
         redirects[defined.match] = Redirect(defined.match, "symbol", defined.target, note=defined.note)
     return Plan(list(redirects.values()))
 
