@@ -32,7 +32,7 @@ def worker(variant: str, args) -> dict:
     import torch
 
     import shim.nn.functional as F
-    from glm_port.attention import masked_attention, visibility_mask
+    from glm_port.models.glm.attention import masked_attention, visibility_mask
     from shim.ops.dropout_mask import apply_keep, keep_mask
 
     torch.set_num_threads(args.threads)

@@ -1,6 +1,27 @@
-"""GLM written on shim: the model (upstream's parameter names and numerics) and ``glm-pretrain``."""
+"""Models written on shim (one folder per family under ``glm_port.models``) and the commands that use them.
 
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel
+Shared pieces sit beside the families: ``training`` (optimizer, schedule, precision, step),
+``checkpoint_io`` (saving and loading), ``distributed`` (ranks and groups), ``data`` (tokenizers and
+blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``, ``generation`` is ``glm-generate``.
 
-__all__ = ["GLMConfig", "GLMModel"]
+``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference, on transformers) import on first use,
+so training never pays for importing transformers.
+"""
+
+from glm_port.models.glm import GLMConfig, GLMModel
+
+__all__ = ["GLMConfig", "GLMModel", "GLMForConditionalGeneration", "GLMTokenizer"]
+
+_LAZY = {
+    "GLMForConditionalGeneration": "glm_port.models.glm.hf",
+    "GLMPretrainedConfig": "glm_port.models.glm.hf",
+    "GLMTokenizer": "glm_port.models.glm.tokenizer",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'glm_port' has no attribute {name!r}")

@@ -15,21 +15,18 @@ from __future__ import annotations
 import os
 import random
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel
-from glm_port.parallel import ParallelEnv, local_state_dict
-from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
+from glm_port.checkpoint_io import CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.distributed import ParallelEnv, local_state_dict
+from glm_port.models.glm import GLMConfig, GLMModel
+from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
 
 def set_random_seed(seed: int, env: ParallelEnv) -> None:
@@ -55,21 +52,6 @@ def model_config(args, vocab_size: int) -> GLMConfig:
         checkpoint_num_layers=args.checkpoint_num_layers,
         checkpoint_policy=args.checkpoint_policy or "full",
     )
-
-
-def log_line(iteration: int, total: int, ms_per_iter: float, lr: float, loss: float, loss_scale=None) -> str:
-    """Upstream's ``report_iteration_metrics`` line, character for character."""
-    line = f" iteration {iteration:8d}/{total:8d} |"
-    line += f" elapsed time per iteration (ms): {ms_per_iter:.1f} |"
-    line += f" learning rate {lr:.3E} |"
-    line += f" lm loss {loss:.6E} |"
-    if loss_scale is not None:
-        line += f" loss scale {loss_scale:.1f} |"
-    return line
-
-
-def _to_device(batch: dict, device) -> dict:
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
 @dataclass
@@ -101,7 +83,7 @@ def setup(args) -> Run:
     set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     config = model_config(args, tokenizer.vocab_size)
-    model = GLMModel(config, env.tensor_parallel()).to(env.device)
+    model = GLMModel(config).to(env.device)  # after ParallelEnv: its layout splits the layers
     if args.compile:
         model.transformer.compile_layers()
     decay_iters = args.lr_decay_iters or args.train_iters
@@ -134,37 +116,21 @@ def setup(args) -> Run:
 
 def train(args, run: Run) -> None:
     env = run.env
-    trained = env.wrap_data_parallel(run.model)
-    trained.train()
-    tokens_per_iter = args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size
     if env.is_main:
         parameters = sum(p.numel() for p in local_state_dict(run.model).values())
         print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
-    bar = tqdm(total=args.train_iters, initial=run.iteration, unit="it", dynamic_ncols=True,
-               disable=not (env.is_main and sys.stderr.isatty()))
-    interval_loss, interval_start = 0.0, time.perf_counter()
-    while run.iteration < args.train_iters:
-        step_start = time.perf_counter()
-        microbatches = [_to_device(next(run.batches), env.device) for _ in range(args.gradient_accumulation_steps)]
-        loss = train_step(trained, microbatches, run.optimizer, run.scheduler, run.precision,
-                          clip_grad=args.clip_grad, env=env)
-        run.iteration += 1
-        interval_loss += loss
-        bar.update()
-        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_iter / (time.perf_counter() - step_start):.0f}")
-        if run.iteration % args.log_interval == 0:
-            elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / args.log_interval
-            if env.is_main:
-                line = log_line(run.iteration, args.train_iters, elapsed_ms, run.optimizer.param_groups[0]["lr"],
-                                interval_loss / args.log_interval, run.precision.loss_scale)
-                if bar.disable:
-                    print(line, flush=True)
-                else:
-                    bar.write(line)
-            interval_loss, interval_start = 0.0, time.perf_counter()
-        if args.save and run.iteration % args.save_interval == 0:
-            save(args, run)
-    bar.close()
+    loop = TrainingLoop(
+        env.wrap_data_parallel(run.model), run.optimizer, run.scheduler, run.precision, env,
+        total_iters=args.train_iters, accumulation=args.gradient_accumulation_steps, clip_grad=args.clip_grad,
+        log_interval=args.log_interval,
+        tokens_per_iter=args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size,
+    )
+
+    def save_now(iteration: int) -> None:
+        run.iteration = iteration
+        save(args, run)
+
+    run.iteration = loop.run(run.batches, run.iteration, [(args.save_interval, save_now)] if args.save else [])
 
 
 def save(args, run: Run) -> None:

@@ -1,4 +1,4 @@
-"""One GLM training step and what it needs: optimizer, learning-rate schedule, loss, precision.
+"""One training step and what it needs: optimizer, learning-rate schedule, loss, precision.
 
 Numerics are upstream's: AdamW math (apex FusedAdam's ``adam_w_mode``), no weight decay on biases and
 LayerNorm, AnnealingLR's warmup and decay, gradient clipping by global norm, and the loss
@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
-from glm_port.model import weight_decay_param_groups
-from glm_port.parallel import ParallelEnv
+from glm_port.distributed import ParallelEnv
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 
@@ -57,6 +61,15 @@ class OptimizerSettings:
     decay_iters: int = 1
     decay_style: str = "linear"
     decay_ratio: float = 0.1
+
+
+def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Upstream's grouping: no weight decay on biases and normalisation weights (the 1-D parameters)."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.dim() < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(model, settings: OptimizerSettings):
@@ -102,7 +115,7 @@ def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     return list(packed.unbind())
 
 
-def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None):
+def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0):
     """Forward one batch; returns ``(loss_to_backprop, global_loss_value)``.
 
     ``global_loss_value`` = sum(loss * mask) / mask.sum() over the whole data-parallel batch.
@@ -113,7 +126,11 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     # Their indices are found once, before the forward (on a GPU, one host sync while the queue is short).
     counted = (batch["loss_mask"] != 0).nonzero(as_tuple=True)
     logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
-    losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
+    if label_smoothing:  # torch's cross entropy (one device: the vocab-parallel op has no smoothing)
+        losses = F.cross_entropy(logits.float(), batch["target"][counted], reduction="none",
+                                 label_smoothing=label_smoothing)
+    else:
+        losses = F.sparse_softmax_cross_entropy(logits, batch["target"][counted], process_group=parallel_group)
     loss_mask = batch["loss_mask"][counted].to(losses.dtype)
     local_sum = (losses * loss_mask).sum()
     global_sum, global_count = _sum_over(dp_group, local_sum, loss_mask.sum())
@@ -122,7 +139,7 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               env: ParallelEnv | None = None) -> float:
+               env: ParallelEnv | None = None, label_smoothing: float = 0.0) -> float:
     """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
     env = env or ParallelEnv(precision.device)
     optimizer.zero_grad(set_to_none=True)
@@ -132,7 +149,7 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
-                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group)
+                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing)
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
     env.sync_gradients(model.parameters())
@@ -145,3 +162,76 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     if precision.scaler.get_scale() >= scale:  # as upstream: an overflow-skipped step leaves the lr alone
         scheduler.step()
     return total
+
+
+def log_line(iteration: int, total: int, ms_per_iter: float, lr: float, loss: float, loss_scale=None) -> str:
+    """Upstream's ``report_iteration_metrics`` line, character for character."""
+    line = f" iteration {iteration:8d}/{total:8d} |"
+    line += f" elapsed time per iteration (ms): {ms_per_iter:.1f} |"
+    line += f" learning rate {lr:.3E} |"
+    line += f" lm loss {loss:.6E} |"
+    if loss_scale is not None:
+        line += f" loss scale {loss_scale:.1f} |"
+    return line
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+@dataclass
+class TrainingLoop:
+    """The loop every training command shares (glm-pretrain, glm-finetune): ``accumulation`` micro-batches
+    a step through ``train_step``, upstream's log line every ``log_interval`` steps (a tqdm bar with loss,
+    tokens/s and ETA on a terminal), and ``periodic`` callbacks ``(interval, fn(iteration))`` after the
+    steps they fall on (saving, evaluation)."""
+
+    model: torch.nn.Module  # as trained: wrapped for data parallel where it is
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    env: ParallelEnv
+    total_iters: int
+    accumulation: int = 1
+    clip_grad: float = 1.0
+    log_interval: int = 100
+    tokens_per_iter: int | None = None  # for the bar's tokens/s
+    label_smoothing: float = 0.0
+
+    def run(self, batches: Iterator[dict], iteration: int,
+            periodic: list[tuple[int, Callable[[int], None]]] = ()) -> int:
+        """Train from ``iteration`` to ``total_iters``; returns the last iteration reached."""
+        env = self.env
+        self.model.train()
+        bar = tqdm(total=self.total_iters, initial=iteration, unit="it", dynamic_ncols=True,
+                   disable=not (env.is_main and sys.stderr.isatty()))
+        interval_loss, interval_start = 0.0, time.perf_counter()
+        try:
+            while iteration < self.total_iters:
+                step_start = time.perf_counter()
+                microbatches = [_to_device(next(batches), env.device) for _ in range(self.accumulation)]
+                loss = train_step(self.model, microbatches, self.optimizer, self.scheduler, self.precision,
+                                  clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing)
+                iteration += 1
+                interval_loss += loss
+                bar.update()
+                postfix = {"loss": f"{loss:.4f}"}
+                if self.tokens_per_iter:
+                    postfix["tok_s"] = f"{self.tokens_per_iter / (time.perf_counter() - step_start):.0f}"
+                bar.set_postfix(postfix)
+                if iteration % self.log_interval == 0:
+                    elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / self.log_interval
+                    if env.is_main:
+                        line = log_line(iteration, self.total_iters, elapsed_ms, self.optimizer.param_groups[0]["lr"],
+                                        interval_loss / self.log_interval, self.precision.loss_scale)
+                        if bar.disable:
+                            print(line, flush=True)
+                        else:
+                            bar.write(line)
+                    interval_loss, interval_start = 0.0, time.perf_counter()
+                for interval, callback in periodic:
+                    if interval and iteration % interval == 0:
+                        callback(iteration)
+        finally:
+            bar.close()
+        return iteration

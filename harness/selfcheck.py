@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_mpu_tests:
         checks += [lambda s=s: check_mpu_test(tree, s, args.force, args.timeout) for s in MPU_TESTS]
     outcomes = []
-    for check in tqdm(checks, desc="glm-mock selfcheck", unit="run"):
+    for check in tqdm(checks, desc="glm-mock selfcheck", unit="run", disable=None):  # None: no bar unless a terminal
         outcome = check()
         outcomes.append(outcome)
         tqdm.write(f"{outcome.status:<8}  {outcome.name}: {outcome.detail}  (log: {outcome.log})")

@@ -14,6 +14,10 @@ each prints per iteration (``X.XXXXXXE+00``, 7 significant digits) must agree
 within ``--rtol``; a table shows both, and the time per iteration of each.
 Last, the migrated ``mpu/tests`` scripts run under torchrun with two processes.
 
+A run that fails is reported in one line with the exception it ended on (``original run failed:
+ModuleNotFoundError: No module named 'tensorboardX'``), its log kept; upstream's own run-time
+dependencies are the ``upstream`` extra (``pip install -e ".[upstream]"``, docs/upstream.md).
+
 Modes: ``1`` one process; ``dp2`` two processes under torchrun (data parallel);
 ``tp2`` two processes with ``--model-parallel-size 2`` (tensor parallel).
 Exit status: 0 all match, 1 a mismatch or a failed run, 2 bad input.
@@ -23,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
+import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -35,7 +42,7 @@ from tqdm import tqdm
 from harness import upstream as up
 from harness.upstream import ELAPSED, ported_env
 from migrate.rules import Forbid, load_tables
-from migrate.runner import Options, migrate_tree, run
+from migrate.runner import MANIFEST, Options, migrate_tree, run
 
 MODES = {"1": (1, 1), "dp2": (2, 1), "tp2": (2, 2)}  # name -> (processes, model-parallel size)
 MODE_TITLES = {"1": "one process", "dp2": "torchrun 2, data parallel", "tp2": "torchrun 2, --model-parallel-size 2"}
@@ -44,6 +51,32 @@ EXTRA_FLAGS = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # The migrated tree runs with these made unimportable (harness.without), installed or not.
 ABSENT = "apex,amp_C,deepspeed"
 PORTED_LAUNCH = ["-m", "harness.without", ABSENT, "pretrain_glm.py"]
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]: ?")  # torchrun may prefix each line of a rank's output
+# ``Name: message`` (no space in the name), or a bare name that reads as an exception
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*: \S.*|[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))$")
+INSTALL_HINT = 'upstream\'s dependencies: pip install -e ".[upstream]" (docs/upstream.md)'
+
+
+def failure_cause(code: int, text: str) -> str:
+    """Why a run failed, in one line: the exception its first traceback ends with, else how it ended."""
+    lines = [RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            # the exception line that ends it; two ranks' tracebacks may interleave line by line
+            later = next((x for x in lines[i + 1:] if EXCEPTION_LINE.match(x)), None)
+            if later:
+                hint = f"; {INSTALL_HINT}" if later.startswith("ModuleNotFoundError") else ""
+                return later + hint
+    timed_out = re.search(r"\[timed out after (\d+) s\]", text)
+    if timed_out:
+        return f"timed out after {timed_out.group(1)} s"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+    return f"exit status {code}; last line: {last}"
 
 
 @dataclass
@@ -52,6 +85,7 @@ class Run:
     losses: list[float]
     ms_per_iter: list[float]
     log: Path
+    cause: str = ""  # why it failed (one line), when code != 0
 
     @property
     def median_ms(self) -> float:
@@ -70,7 +104,9 @@ class Comparison:
     def __post_init__(self):
         for side, r in (("original", self.original), ("ported", self.ported)):
             if r.code != 0:
-                self.problems.append(f"{side} exited with {r.code} (log: {r.log})")
+                self.problems.append(f"{side} run failed: {r.cause or f'exit status {r.code}'} (log: {r.log})")
+        if self.failed:
+            return  # its losses stop early or are missing: comparing them says nothing more
         if len(self.original.losses) != len(self.ported.losses):
             self.problems.append(f"{len(self.original.losses)} loss lines in the original, "
                                  f"{len(self.ported.losses)} in the ported run")  # fmt: skip
@@ -81,6 +117,11 @@ class Comparison:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def failed(self) -> bool:
+        """A run did not finish (as opposed to both finishing with different losses)."""
+        return self.original.code != 0 or self.ported.code != 0
 
 
 def relative(a: float, b: float) -> float:
@@ -93,7 +134,7 @@ def static_problems(src: Path, dst: Path) -> list[str]:
     forbidden = load_tables().forbid  # the [[forbid]] entries of rules/*.toml
     for path in sorted(dst.rglob("*")):
         rel = path.relative_to(dst)
-        if not path.is_file() or rel.name in ("migration_report.json", "MIGRATION_REPORT.md"):
+        if not path.is_file() or rel.name in ("migration_report.json", "MIGRATION_REPORT.md", MANIFEST):
             continue
         if not (src / rel).is_file():
             problems.append(f"{rel}: not in the original")
@@ -161,7 +202,7 @@ def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, launch:
     log = tree.parent / f"{tree.name}.{mode}.log"
     code, text = up.run_upstream(cmd, tree, env, log, timeout)
     losses = [float(x) for x in up.LOSS.findall(text)]
-    return Run(code, losses, [float(x) for x in ELAPSED.findall(text)], log)
+    return Run(code, losses, [float(x) for x in ELAPSED.findall(text)], log, failure_cause(code, text) if code else "")
 
 
 def mpu_test(tree: Path, script: str, timeout: int) -> tuple[str, str]:
@@ -180,7 +221,7 @@ def mpu_test(tree: Path, script: str, timeout: int) -> tuple[str, str]:
     defect = up.UPSTREAM_DEFECTS.get(script)
     if defect and defect in text:
         return "UPSTREAM", f"{defect} (upstream's own; after {passed} '>> passed the test' lines)"
-    return "FAIL", f"exit code {code} (log: {log})"
+    return "FAIL", f"{failure_cause(code, text)} (log: {log})"
 
 
 def prepare(upstream: Path, workdir: Path, vocab: Path | None = None) -> tuple[Path, Path]:
@@ -191,20 +232,25 @@ def prepare(upstream: Path, workdir: Path, vocab: Path | None = None) -> tuple[P
     up.checkout_corpus(original)
     ported = workdir / "GLM-ported"
     code = run(Options(src=original, dst=ported, force=True, quiet=True))
-    if code != 0:
+    if code not in (0, 1):  # 1: a file that does not parse, copied as it is (the static checks look at it)
         raise SystemExit(f"verify: glm-migrate {original} -o {ported} exited with {code}")
     return original, ported
 
 
 def table(comparison: Comparison) -> str:
+    """One mode's result: the losses side by side and the verdict, or why a run failed."""
+    if comparison.failed:
+        return "\n".join([f"## {MODE_TITLES[comparison.mode]}", "", *comparison.problems])
     lines = [f"## {MODE_TITLES[comparison.mode]}", "",
              "| iteration | original lm loss | ported lm loss | relative difference |",
              "| ---: | ---: | ---: | ---: |"]  # fmt: skip
     for i, (a, b) in enumerate(zip(comparison.original.losses, comparison.ported.losses), 1):
         lines.append(f"| {i} | {a:.6E} | {b:.6E} | {relative(a, b):.1e} |")
     o, p = comparison.original.median_ms, comparison.ported.median_ms
-    lines += ["", f"median ms per iteration (after the first): original {o:.1f}, ported {p:.1f}, "
-              f"ported is {o / p:.2f}x the original's speed", ""]  # fmt: skip
+    if not (math.isnan(o) or math.isnan(p)):  # both printed their times
+        lines += ["", f"median ms per iteration (after the first): original {o:.1f}, ported {p:.1f}, "
+                  f"ported is {o / p:.2f}x the original's speed"]  # fmt: skip
+    lines.append("")
     verdict = "MATCH" if comparison.ok else "MISMATCH"
     lines.append(f"{verdict} within rtol {comparison.rtol:g}" + "".join(f"\n  - {x}" for x in comparison.problems))
     return "\n".join(lines)
@@ -249,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
 
     mocked = up.mock_env("")
     comparisons = []
-    for mode in tqdm(args.modes, desc="verify", unit="mode"):
+    for mode in tqdm(args.modes, desc="verify", unit="mode", disable=None):  # None: no bar unless a terminal
         orig_run = pretrain(original, mocked, mode, args.iters, args.timeout, ["pretrain_glm.py"])
         port_run = pretrain(ported, ported_env(), mode, args.iters, args.timeout, PORTED_LAUNCH)
         comparisons.append(Comparison(mode, orig_run, port_run, args.rtol))
         tqdm.write(table(comparisons[-1]) + "\n")
     failed = (["static checks"] if problems else []) + [c.mode for c in comparisons if not c.ok]
     scripts = [] if args.no_mpu_tests else up.MPU_TESTS
-    for script in tqdm(scripts, desc="mpu/tests", unit="script"):
+    for script in tqdm(scripts, desc="mpu/tests", unit="script", disable=None):
         status, detail = mpu_test(ported, script, args.timeout)
         tqdm.write(f"{status:<8}  migrated mpu/tests/{script} (torchrun 2, no mock): {detail}")
         if status == "FAIL":

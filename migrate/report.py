@@ -10,6 +10,8 @@
 ``changes`` whose ``before`` equals ``after`` are sites an import rewrite already
 moved onto shim (listed so the report is a coverage table); ``kept`` are
 constructs left as they are on purpose (``report`` rules, e.g. ``deepspeed.initialize``).
+``error`` says why a file was not migrated (copied unchanged): it does not parse or decode, or it
+is not Python at all (``"not Python: ..."``, e.g. binary data in a file named ``x.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+NOT_PYTHON = "not Python"  # how an ``error`` starts when the file is no Python source at all
 
 
 @dataclass
@@ -29,12 +33,18 @@ class FileReport:
     error: str | None = None
 
 
+def is_python(report: FileReport) -> bool:
+    return not (report.error or "").startswith(NOT_PYTHON)
+
+
 def summarize(files: list[FileReport], *, files_changed: int, seconds: float) -> dict:
+    """``files_scanned`` counts Python files; ``errors`` every file not migrated, ``not_python``
+    those among them that are not Python source at all."""
     changes = Counter(c["code"] for f in files for c in f.changes)
     unconverted = Counter(u["code"] for f in files for u in f.unconverted)
     done, left = sum(changes.values()), sum(unconverted.values())
     return {
-        "files_scanned": len(files),
+        "files_scanned": sum(map(is_python, files)),
         "files_changed": files_changed,
         "changes": done,
         "changes_by_rule": dict(sorted(changes.items())),
@@ -43,6 +53,7 @@ def summarize(files: list[FileReport], *, files_changed: int, seconds: float) ->
         "kept": sum(len(f.kept) for f in files),
         "conversion_rate": round(done / (done + left), 4) if done + left else 1.0,
         "errors": sum(f.error is not None for f in files),
+        "not_python": sum(not is_python(f) for f in files),
         "seconds": round(seconds, 3),
     }
 
@@ -52,9 +63,11 @@ def to_json(summary: dict, files: list[FileReport]) -> str:
     return json.dumps({"summary": summary, "files": [asdict(f) for f in files]}, indent=2) + "\n"
 
 
-def _one_line(text: str, limit: int = 80) -> str:
+def _one_line(text: str, limit: int | None = 80) -> str:
+    """``text`` on one line for a table cell; cut to ``limit`` characters (code), or whole (``None``: prose)."""
     text = " ".join(text.split())
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
     return text.replace("|", "\\|")
 
 
@@ -83,7 +96,7 @@ def to_markdown(summary: dict, files: list[FileReport], rules: dict) -> str:
                 "| rule | changes | unconverted | note |", "| --- | ---: | ---: | --- |"]
         for code in sorted(set(s["changes_by_rule"]) | set(s["unconverted_by_rule"])):
             rule = rules.get(code)
-            note = _one_line(rule.note if rule else "", 120)
+            note = _one_line(rule.note if rule else "", None)  # whole: a reviewer needs every sentence
             if rule is not None and rule.safety == "review":
                 note = f"*review*: {note}"
             out.append(f"| {code} | {s['changes_by_rule'].get(code, 0)} | "
@@ -96,7 +109,7 @@ def to_markdown(summary: dict, files: list[FileReport], rules: dict) -> str:
         rows = [(f.path, e) for f in files for e in getattr(f, key)]
         if rows:
             out += [f"## {title}", "", "| file | line | rule | reason |", "| --- | ---: | --- | --- |"]
-            out += [f"| {p} | {e['line']} | {e['code']} | {_one_line(e['reason'], 120)} |" for p, e in rows]
+            out += [f"| {p} | {e['line']} | {e['code']} | {_one_line(e['reason'], None)} |" for p, e in rows]
             out.append("")
     changed = [f for f in files if f.changes]
     if changed:

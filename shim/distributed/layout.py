@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch.distributed as _dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import Placement, Replicate, Shard
 
 from shim._device import active_device
 from shim.distributed.collectives import init_process_group
@@ -36,6 +35,10 @@ __all__ = [
     "setup_dist_util",
     "world_size",
 ]
+
+if TYPE_CHECKING:  # DeviceMesh and DTensor take seconds to import: loaded when a layout is built
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
 _layout: ParallelLayout | None = None
 
@@ -153,6 +156,8 @@ def setup_dist_util(
     the world for data parallel. ``pipeline_num_layers`` defaults to the number
     of stages. In one process with no launcher this sets up a world of one.
     """
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
     global _layout
     dp, tp, pp, layers = _resolve_sizes(
         world_size(), data_parallel_size, tensor_parallel_size, pipeline_parallel_size, pipeline_num_layers
@@ -196,6 +201,8 @@ def get_layer_placement(layer_idx: int = 0) -> DeviceMesh:
 
 def get_nd_sbp(sbp_list) -> tuple[Placement, ...]:
     """The placements for a tensor on a layer placement, given as ``[sbp over dp, sbp over tp]``."""
+    from torch.distributed.tensor import Placement
+
     sbp = tuple(sbp_list)
     if len(sbp) != 2 or not all(isinstance(s, Placement) for s in sbp):
         raise ValueError(f"get_nd_sbp expects [sbp over dp, sbp over tp], got {sbp_list!r}")
@@ -204,6 +211,8 @@ def get_nd_sbp(sbp_list) -> tuple[Placement, ...]:
 
 def get_hidden_sbp() -> tuple[Placement, ...]:
     """Hidden states: batch split over data parallel, whole on every tensor-parallel rank."""
+    from torch.distributed.tensor import Replicate, Shard
+
     return get_nd_sbp([Shard(0), Replicate()])
 
 

@@ -10,6 +10,7 @@ _OWN = {
     "MixedFusedLayerNorm": "shim.nn.normalization",
     "Linear1D": "shim.nn.tensor_parallel",
     "VocabParallelEmbedding": "shim.nn.tensor_parallel",
+    "heads_per_rank": "shim.nn.tensor_parallel",
 }
 
 __getattr__, __dir__ = _forward_to(_torch_nn, globals(), own=_OWN)

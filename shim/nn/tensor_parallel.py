@@ -18,7 +18,14 @@ ordinary modules:
 ``"data"``     none                 whole           whole            whole
 =============  ===================  ==============  ===============  =================
 
-With a tensor-parallel size of 1 the layers stay plain ``nn.Linear`` / ``nn.Embedding``.
+With a tensor-parallel size of 1, or before any layout is set up, the layers stay plain
+``nn.Linear`` / ``nn.Embedding`` (no process group is started and DTensor is not imported), so a
+model declares its split once and runs unchanged in one process.
+
+``skip_bias_add=True`` (Megatron's): ``forward`` returns ``(x @ W.T, bias)`` with this rank's parts,
+the bias left for the caller to fuse into the next elementwise op (bias + GELU, bias + dropout +
+residual). The input and output are then local tensors as in the table; the layer does the DTensor
+wrapping itself instead of ``parallelize_module``'s hooks.
 
 ``stride`` (Megatron's, for fused projections such as Q|K|V): the split dim is
 ``stride`` blocks, each split over the ranks, so rank ``r`` holds
@@ -31,12 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import sys
+
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn import functional as F
 
-from shim.distributed.layout import ensure_divisible, get_dist_util, get_layer_placement
+from shim.distributed.layout import current_layout, ensure_divisible, get_layer_placement
 
 __all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "strided_order"]
 
@@ -49,12 +57,28 @@ def heads_per_rank(num_attention_heads: int) -> int:
     Call it before building the attention's layers, so a bad size fails before any collective.
     """
     return ensure_divisible(
-        num_attention_heads, get_dist_util().tensor_parallel_size, "num_attention_heads", "tensor_parallel_size"
+        num_attention_heads, _tensor_parallel_size(), "num_attention_heads", "tensor_parallel_size"
     )
 
 
 def _tensor_parallel_mesh(layer_idx: int):
     return get_layer_placement(layer_idx)["tp"]
+
+
+def _tensor_parallel_size() -> int:
+    """The layout's tensor-parallel size; 1 before any layout is set up (nothing is started for it)."""
+    layout = current_layout()
+    return 1 if layout is None else layout.tensor_parallel_size
+
+
+def _is_dtensor(tensor) -> bool:
+    # DTensor takes seconds to import; before it is imported no tensor can be one.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def _local(tensor):
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 class Linear1D(nn.Linear):
@@ -77,12 +101,13 @@ class Linear1D(nn.Linear):
         input_is_parallel: bool = True,
         init_method: Callable[[torch.Tensor], object] | None = None,
         stride: int = 1,
+        skip_bias_add: bool = False,
         device=None,
         dtype=None,
     ):
         if parallel not in _PARALLEL_MODES:
             raise ValueError(f"Linear1D parallel={parallel!r}: expected one of {_PARALLEL_MODES}")
-        tp_size = get_dist_util().tensor_parallel_size
+        tp_size = _tensor_parallel_size()
         if parallel == "col":
             what, split_size = "Linear1D(parallel='col') out_features", out_features
         else:
@@ -92,6 +117,7 @@ class Linear1D(nn.Linear):
             ensure_divisible(split_size, tp_size * stride, what, by)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.parallel, self.layer_idx, self.stride = parallel, layer_idx, stride
+        self.skip_bias_add = skip_bias_add
         if init_method is not None:
             with torch.no_grad():
                 init_method(self.weight)
@@ -104,15 +130,53 @@ class Linear1D(nn.Linear):
                 self.weight.copy_(strided_order(self.weight, 0 if parallel == "col" else 1, stride, tp_size))
                 if parallel == "col" and self.bias is not None:
                     self.bias.copy_(strided_order(self.bias, 0, stride, tp_size))
+        from torch.distributed.tensor import Replicate, Shard, distribute_module
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        if skip_bias_add:
+            # Weights only: forward wraps its input itself and returns local tensors.
+            distribute_module(self, _tensor_parallel_mesh(layer_idx), _shard_linear(parallel))
+            return
         if parallel == "col":
             style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
         else:
             style = RowwiseParallel(input_layouts=Shard(-1) if input_is_parallel else Replicate())
         parallelize_module(self, _tensor_parallel_mesh(layer_idx), style)
 
+    def forward(self, x):
+        if not self.skip_bias_add:
+            return super().forward(x)
+        if not _is_dtensor(self.weight):
+            return F.linear(x, self.weight), self.bias
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        mesh = self.weight.device_mesh
+        if self.parallel == "col":  # whole input, this rank's output columns
+            out = F.linear(DTensor.from_local(x, mesh, [Replicate()], run_check=False), self.weight).to_local()
+        else:  # this rank's input slice, outputs summed over the ranks
+            partial = F.linear(DTensor.from_local(x, mesh, [Shard(-1)], run_check=False), self.weight)
+            out = partial.redistribute(mesh, [Replicate()]).to_local()
+        return out, None if self.bias is None else _local(self.bias)
+
     def extra_repr(self) -> str:
         stride = f", stride={self.stride}" if self.stride > 1 else ""
         return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}{stride}"
+
+
+def _shard_linear(parallel: str):
+    """``distribute_module``'s partition function for a column- or row-split ``nn.Linear``."""
+
+    def partition(name, module, mesh):
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            if parallel == "col":
+                placement = Shard(0)
+            else:
+                placement = Shard(1) if param_name == "weight" else Replicate()
+            module.register_parameter(param_name, nn.Parameter(distribute_tensor(param, mesh, [placement])))
+
+    return partition
 
 
 def strided_order(tensor: torch.Tensor, dim: int, stride: int, parts: int) -> torch.Tensor:
@@ -143,7 +207,7 @@ class VocabParallelEmbedding(nn.Embedding):
         device=None,
         dtype=None,
     ):
-        tp_size = get_dist_util().tensor_parallel_size
+        tp_size = _tensor_parallel_size()
         ensure_divisible(num_embeddings, tp_size, "VocabParallelEmbedding num_embeddings", "tensor_parallel_size")
         super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
         self.layer_idx = layer_idx
@@ -151,6 +215,9 @@ class VocabParallelEmbedding(nn.Embedding):
             with torch.no_grad():
                 init_method(self.weight)
         if tp_size > 1:
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
             parallelize_module(
                 self,
                 _tensor_parallel_mesh(layer_idx),
@@ -159,7 +226,18 @@ class VocabParallelEmbedding(nn.Embedding):
             _keep_grad_layout(self.weight)
 
 
-def _keep_grad_layout(param: DTensor) -> None:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden @ table.T`` (an output layer tied to this embedding): under tensor parallel, this
+        rank's vocabulary slice of the logits (Megatron's ``parallel_output``)."""
+        if not _is_dtensor(self.weight):
+            return F.linear(hidden, self.weight)
+        from torch.distributed.tensor import DTensor, Replicate
+
+        mesh = self.weight.device_mesh
+        return F.linear(DTensor.from_local(hidden, mesh, [Replicate()], run_check=False), self.weight).to_local()
+
+
+def _keep_grad_layout(param) -> None:
     # DTensor's embedding backward returns a Replicate gradient for a Shard(0)
     # table; slicing it back (no communication) keeps one vocab slice per rank,
     # the layout optimizers, FSDP and gradient clipping expect.

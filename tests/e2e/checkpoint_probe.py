@@ -3,8 +3,8 @@
     python checkpoint_probe.py PORTED_TREE UPSTREAM_CHECKPOINT_FILE SCRATCH_DIR
 
 1. the upstream checkpoint (saved by the migrated pretrain_glm.py) loads into glm_port's
-   GLMModel through glm_port.checkpoint.load_checkpoint; both models give the same logits;
-2. a checkpoint glm_port.checkpoint.save_checkpoint writes loads into the migrated tree's
+   GLMModel through glm_port.checkpoint_io.load_checkpoint; both models give the same logits;
+2. a checkpoint glm_port.checkpoint_io.save_checkpoint writes loads into the migrated tree's
    GLMModel through the tree's own utils.load_checkpoint; both give the same logits.
 Prints one line per direction with the largest logit difference; exits non-zero on a mismatch.
 A separate process because the tree's top-level modules (``mpu``, ``model``, ``utils``) would
@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 import shim.distributed as dist
-from glm_port.checkpoint import load_checkpoint as port_load
-from glm_port.checkpoint import save_checkpoint as port_save
-from glm_port.config import GLMConfig
-from glm_port.model import GLMModel as PortGLM
+from glm_port.checkpoint_io import load_checkpoint as port_load
+from glm_port.checkpoint_io import save_checkpoint as port_save
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.model import GLMModel as PortGLM
 
 TOLERANCE = 1e-5
 # The tiny pretrain flags: 2 layers, hidden 64, 4 heads, seq 128, BERT vocab padded to 30592.

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glm_port import GLMConfig, GLMModel
-from glm_port.checkpoint import TRACKER, CheckpointError, load_checkpoint, save_checkpoint
+from glm_port.checkpoint_io import TRACKER, CheckpointError, load_checkpoint, save_checkpoint
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
 
 TINY = GLMConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, max_sequence_length=16)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glm_port import GLMConfig, GLMModel
-from glm_port.attention import masked_attention, sdpa_attention, visibility_mask
+from glm_port.models.glm.attention import masked_attention, sdpa_attention, visibility_mask
 
 TINY = GLMConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, max_sequence_length=16,
                  embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glm_port import GLMConfig, GLMModel
-from glm_port.model import weight_decay_param_groups
+from glm_port.training import weight_decay_param_groups
 from glm_port.training import OptimizerSettings, Precision, annealing_lr, build_optimizer, lm_loss, train_step
 
 TINY = GLMConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, max_sequence_length=16,

@@ -6,8 +6,9 @@ import re
 import pytest
 
 from glm_port.arguments import parse_args
-from glm_port.model import GLMTransformer
-from glm_port.pretrain_glm import log_line, main, model_config
+from glm_port.models.glm.model import GLMTransformer
+from glm_port.pretrain_glm import main, model_config
+from glm_port.training import log_line
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--batch-size", "2", "--log-interval", "1"]

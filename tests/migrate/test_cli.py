@@ -19,20 +19,36 @@ TREE = Path(__file__).parent / "fixtures" / "tree"
 EXPECTED = Path(__file__).parent / "fixtures" / "tree_expected"
 
 
+PY2 = "legacy_py2.py"  # in the fixture tree: a file that does not parse
+
+
 def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    files.pop(runner.MANIFEST, None)
+    return files
+
+
+def _expected() -> dict[str, bytes]:
+    expected = _files(EXPECTED)
+    del expected[PY2]
+    return expected
 
 
 @pytest.fixture
 def src(tmp_path) -> Path:
+    """The fixture tree without its Python 2 file: every file migrates, runs exit 0."""
     copy = tmp_path / "GLM"
     shutil.copytree(TREE, copy)
+    (copy / PY2).unlink()
     return copy
 
 
-def test_tree_migrates_to_the_expected_tree(src, tmp_path):
-    dst = tmp_path / "out"
-    assert main([str(src), "-o", str(dst), "-q", "-j", "1"]) == 0
+def test_tree_migrates_to_the_expected_tree(tmp_path, capsys):
+    src, dst = tmp_path / "GLM", tmp_path / "out"
+    shutil.copytree(TREE, src)
+    assert main([str(src), "-o", str(dst), "-q", "-j", "1"]) == 1  # legacy_py2.py does not parse
+    assert capsys.readouterr().err == (f"glm-migrate: {src / PY2}: not migrated (copied unchanged): SyntaxError: "
+                                       "Missing parentheses in call to 'print'. Did you mean print(...)? (line 4)\n")
     produced = _files(dst)
     report = json.loads(produced.pop("migration_report.json"))
     assert produced.pop("MIGRATION_REPORT.md").startswith(b"# Migration report")
@@ -42,7 +58,7 @@ def test_tree_migrates_to_the_expected_tree(src, tmp_path):
     summary = report["summary"]
     assert summary["files_scanned"] == 20
     assert summary["files_changed"] == 15
-    assert summary["errors"] == 1
+    assert summary["errors"] == 1 and summary["not_python"] == 0
     assert summary["unconverted"] == 0 and summary["conversion_rate"] == 1.0
     assert summary["changes"] == sum(summary["changes_by_rule"].values())
     assert summary["changes_by_rule"]["MPU001"] == 1
@@ -86,7 +102,8 @@ def test_output_is_idempotent(src, tmp_path):
     assert main([str(src), "-o", str(first), "-q"]) == 0
     assert main([str(first), "--check", "-q"]) == 0
     assert main([str(first), "-o", str(second), "-q"]) == 0
-    assert filecmp.dircmp(first, second).diff_files == ["MIGRATION_REPORT.md", "migration_report.json"]
+    # the reports hold timings, the manifests modification times
+    assert filecmp.dircmp(first, second).diff_files == [runner.MANIFEST, "MIGRATION_REPORT.md", "migration_report.json"]
 
 
 def test_check_and_diff_write_nothing(src, tmp_path, capsys):
@@ -112,7 +129,7 @@ def test_in_place(src):
     assert main([str(src), "--in-place", "-q"]) == 0
     migrated = _files(src)
     migrated.pop("migration_report.json"), migrated.pop("MIGRATION_REPORT.md")
-    assert migrated == _files(EXPECTED)
+    assert migrated == _expected()
     assert main([str(src), "--check", "-q"]) == 0
 
 
@@ -128,7 +145,7 @@ def test_select_and_ignore(src, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["missing-dir", "-o", "out"], "source not found"),
-    (["{src}", "-o", "{src}/ported"], "outside the source tree"),
+    (["{src}", "-o", "{src}/ported"], "is inside the source tree"),
     (["{src}", "--select", "XYZ", "--check"], "unknown rule code or family: XYZ"),
 ])
 def test_usage_errors_exit_2(argv, message, src, capsys, monkeypatch, tmp_path):
@@ -138,14 +155,15 @@ def test_usage_errors_exit_2(argv, message, src, capsys, monkeypatch, tmp_path):
     assert message in err and err.count("\n") == 1
 
 
-def test_destination_not_empty_needs_force(src, tmp_path, capsys):
+def test_destination_not_empty_is_refused_even_with_force(src, tmp_path, capsys):
     dst = tmp_path / "out"
     dst.mkdir()
     (dst / "keep.txt").write_text("x")
-    assert main([str(src), "-o", str(dst), "-q"]) == 2
-    assert "destination is not empty" in capsys.readouterr().err
-    assert main([str(src), "-o", str(dst), "-q", "--force"]) == 0
-    assert not (dst / "keep.txt").exists() and (dst / "pretrain_glm.py").exists()
+    for force in ([], ["--force"]):
+        assert main([str(src), "-o", str(dst), "-q", *force]) == 2
+        err = capsys.readouterr().err
+        assert "destination is not empty and glm-migrate did not write it" in err and "--force" not in err
+    assert _files(dst) == {"keep.txt": b"x"}
 
 
 def test_missing_destination_is_a_usage_error(src, capsys):

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import ast
+import re
+import sys
+from pathlib import Path
 
+from migrate.index import ModuleIndex, _top_level_statements
 from migrate.runner import Options, migrate_tree
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_upstream_migrates_cleanly_and_idempotently(upstream, tmp_path):
@@ -25,3 +36,45 @@ def test_upstream_migrates_cleanly_and_idempotently(upstream, tmp_path):
 
     _, again, second = migrate_tree(Options(src=tmp_path, jobs=2, quiet=True))
     assert second["files_changed"] == 0 and second["changes"] == 0
+
+
+# modules whose distribution has another name; the rest are named alike
+DISTRIBUTIONS = {"botocore": "boto3", "sklearn": "scikit-learn", "yaml": "pyyaml"}
+# reached only through the migration (apex, DeepSpeed) or this project's own requirements
+PROVIDED = {"torch", "apex", "amp_C", "deepspeed", "numpy", "tqdm", "sentencepiece"}
+
+
+def _requirement_names(specs: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0].lower() for spec in specs}
+
+
+def test_upstream_extra_names_every_package_pretrain_glm_imports_at_start(upstream):
+    """`pip install -e ".[upstream]"` is all the migrated pretrain_glm.py needs besides this project:
+    follow its module-level imports (where a missing package stops the run) through the tree."""
+    files = [p.relative_to(upstream) for p in upstream.rglob("*.py")]
+    index = ModuleIndex(upstream, files)
+    needed, seen, todo = set(), set(), ["pretrain_glm"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in index.files:
+            continue
+        seen.add(name)
+        rel = index.files[name]
+        is_package = rel.name == "__init__.py"
+        for node in _top_level_statements(ast.parse((upstream / rel).read_bytes()).body):
+            if isinstance(node, ast.Import):
+                targets = [index.resolve_import(name, is_package, a.name, 0) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = index.resolve_import(name, is_package, node.module, node.level)
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if index.is_tree_name(target):
+                    todo += [target, target.rpartition(".")[0]]
+                elif target.split(".")[0] not in sys.stdlib_module_names:
+                    needed.add(target.split(".")[0])
+    assert {"tensorboardX", "boto3", "requests", "scipy"} <= needed  # the four that stopped a user's first run
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["upstream"]
+    missing = {DISTRIBUTIONS.get(m, m).lower() for m in needed - PROVIDED} - _requirement_names(extra)
+    assert not missing, f"add to the upstream extra in pyproject.toml and docs/upstream.md: {sorted(missing)}"

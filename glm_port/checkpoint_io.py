@@ -26,9 +26,8 @@ import numpy as np
 
 import shim as torch
 import shim.distributed as dist
-from glm_port.config import GLMConfig
-from glm_port.model import HF_PREFIX
-from glm_port.parallel import local_state_dict
+from glm_port.distributed import local_state_dict, tensor_parallel_size
+from glm_port.models.glm.weights import without_hf_prefix
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -71,7 +70,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config: GLMConfig, optimizer=None,
+def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, optimizer=None,
                     scheduler=None, grad_scaler=None, save_rng: bool = True, tp_rank: int = 0,
                     writer: bool = True) -> Path:
     """Write ``SAVE/<iteration>/mp_rank_XX_model_states.pt`` atomically and point the tracker at it.
@@ -163,10 +162,6 @@ def model_weights(checkpoint: dict) -> dict:
     return weights
 
 
-def _without_hf_prefix(weights: dict) -> dict:
-    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
-
-
 def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None:
     """One-line error when ``weights`` were made for another architecture than ``model_state``."""
     missing = [k for k in model_state if k not in weights]
@@ -187,9 +182,9 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     """Load ``--load`` into ``model`` (and the training state when present); returns the iteration."""
     path = find_checkpoint(load, tp_rank)
     sd = read_checkpoint(path)
-    weights = _without_hf_prefix(model_weights(sd))
+    weights = without_hf_prefix(model_weights(sd))
     target = local_state_dict(model)  # this rank's shards under tensor parallel, as upstream's files hold
-    tp_size = getattr(getattr(model, "tp", None), "size", 1)
+    tp_size = tensor_parallel_size()
     hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
     check_fits(weights, target, path, hint if tp_size > 1 else "")
     with torch.no_grad():  # extra keys (e.g. an HF head) are not ours to load

@@ -17,19 +17,23 @@ GLM state dict (``glm.``-prefixed) load with ``model.load_state_dict``::
 Pre-LN layers, tanh GELU, 2D positions (position + block position), logits tied to the word
 embeddings, Transformer-XL style ``mems``. Under tensor parallel the linear layers and the embedding
 are shards (Megatron's split: QKV per third, column-parallel h->3h and h->4h, row-parallel back) and
-the logits come out vocab-sharded, as upstream's ``parallel_output``.
+the logits come out vocab-sharded, as upstream's ``parallel_output``. The split is declared where each
+layer is built (shim's ``Linear1D`` / ``VocabParallelEmbedding``, Megatron's ``skip_bias_add`` for the
+matmuls whose bias is fused into the next op); in one process they are plain ``nn.Linear`` /
+``nn.Embedding``. The launcher's layout (``glm_port.distributed.ParallelEnv``) is what makes them shards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import shim as torch
 import shim.nn as nn
 import shim.nn.functional as F
-from glm_port.attention import ATTENTION_IMPLS, visibility_mask
-from glm_port.config import GLMConfig
-from glm_port.parallel import TensorParallel
+from glm_port.models.glm.attention import ATTENTION_IMPLS, visibility_mask
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.weights import strip_hf_prefix
 
 
 def _normal_(std: float):
@@ -39,76 +43,93 @@ def _normal_(std: float):
     return init
 
 
+def _column(in_features, out_features, init):
+    """``in -> out`` split by output rows over tensor-parallel ranks; bias returned for fusing."""
+    return nn.Linear1D(in_features, out_features, parallel="col", init_method=init, skip_bias_add=True)
+
+
+def _row(in_features, out_features, init):
+    """``in -> out`` split by input columns, outputs summed over the ranks; bias returned for fusing."""
+    return nn.Linear1D(in_features, out_features, parallel="row", init_method=init, skip_bias_add=True)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention over ``[mem; x]``; returns ``residual + dropout(dense(context))``."""
 
-    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+    def __init__(self, config: GLMConfig, output_init):
         super().__init__()
-        self.heads = tp.divide(config.num_attention_heads, "attention heads")
+        self.heads = nn.heads_per_rank(config.num_attention_heads)  # this rank's heads
         self.head_dim = config.head_dim
-        self.query_key_value = tp.column_linear(
-            config.hidden_size, 3 * config.hidden_size, _normal_(config.init_method_std), thirds=True
+        # Q|K|V thirds, split per third (stride 3) so each rank holds [Q_r; K_r; V_r], upstream's mp_rank layout.
+        self.query_key_value = nn.Linear1D(
+            config.hidden_size, 3 * config.hidden_size, parallel="col", init_method=_normal_(config.init_method_std),
+            stride=3,
         )
-        self.dense = tp.row_linear(config.hidden_size, config.hidden_size, output_init)
+        self.dense = _row(config.hidden_size, config.hidden_size, output_init)
         self.attention_dropout = config.attention_dropout_prob
         self.output_dropout = config.output_dropout_prob
         self.attend = ATTENTION_IMPLS[config.attention_impl]
-        self.tp = tp
+        self.heads_split = self.heads < config.num_attention_heads
 
     def _heads(self, x):  # [b, s, n*d] -> [b, n, s, d]
         return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
-    def forward(self, x, visible, residual, mem=None):
+    def forward(self, x, visible, residual, mem=None, cache=None, layer_index=0):
+        """``cache`` (a transformers ``Cache``): this layer's keys and values of earlier positions; the new
+        ones are appended, so a decode step projects only the new tokens (``mem`` re-projects ``[mem; x]``)."""
         query_length = x.size(1)
         qkv = self.query_key_value(x if mem is None else torch.cat((mem, x), dim=1))
         q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))
         q = q[:, :, -query_length:]
-        with self.tp.rng_fork():  # attention dropout differs per tensor-parallel rank, as in Megatron
+        if cache is not None:
+            k, v = cache.update(k, v, layer_index)
+        with self._dropout_rng():
             context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
-        context = context.transpose(1, 2).flatten(2)
+        out, bias = self.dense(context.transpose(1, 2).flatten(2))
         # Under autocast the matmul is half precision; the residual stream stays in its own dtype.
-        out = self.tp.row_matmul(self.dense, context).to(residual.dtype)
-        bias = self.tp.local(self.dense.bias)
-        return F.fused_bias_add_dropout(out, bias, self.output_dropout, self.training, residual=residual)
+        return F.fused_bias_add_dropout(out.to(residual.dtype), bias, self.output_dropout, self.training, residual=residual)
+
+    def _dropout_rng(self):
+        """With heads split over ranks, attention dropout draws from the per-rank stream, as Megatron's
+        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator."""
+        return torch.checkpointing.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
     """h -> 4h, tanh GELU, 4h -> h; returns ``residual + dropout(mlp(x))``."""
 
-    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+    def __init__(self, config: GLMConfig, output_init):
         super().__init__()
         h = config.hidden_size
-        self.dense_h_to_4h = tp.column_linear(h, 4 * h, _normal_(config.init_method_std))
-        self.dense_4h_to_h = tp.row_linear(4 * h, h, output_init)
+        self.dense_h_to_4h = _column(h, 4 * h, _normal_(config.init_method_std))
+        self.dense_4h_to_h = _row(4 * h, h, output_init)
         self.dropout = config.output_dropout_prob
-        self.tp = tp
 
     def forward(self, x, residual):
-        hidden = self.tp.column_matmul(self.dense_h_to_4h, x)
-        hidden = F.fused_bias_add_gelu(hidden, self.tp.local(self.dense_h_to_4h.bias).to(hidden.dtype))
-        out = self.tp.row_matmul(self.dense_4h_to_h, hidden).to(residual.dtype)
-        bias = self.tp.local(self.dense_4h_to_h.bias)
-        return F.fused_bias_add_dropout(out, bias, self.dropout, self.training, residual=residual)
+        hidden, bias = self.dense_h_to_4h(x)
+        hidden = F.fused_bias_add_gelu(hidden, bias.to(hidden.dtype))
+        out, bias = self.dense_4h_to_h(hidden)
+        return F.fused_bias_add_dropout(out.to(residual.dtype), bias, self.dropout, self.training, residual=residual)
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, config: GLMConfig, tp: TensorParallel, output_init):
+    def __init__(self, config: GLMConfig, output_init):
         super().__init__()
         self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-        self.attention = SelfAttention(config, tp, output_init)
+        self.attention = SelfAttention(config, output_init)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-        self.mlp = MLP(config, tp, output_init)
+        self.mlp = MLP(config, output_init)
 
-    def forward(self, x, visible, mem=None):
+    def forward(self, x, visible, mem=None, cache=None, layer_index=0):
         mem = self.input_layernorm(mem) if mem is not None else None
-        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem)
+        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem, cache=cache, layer_index=layer_index)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class GLMTransformer(nn.Module):
     """Position embeddings, the layers and the final LayerNorm (upstream's GPT2ParallelTransformer)."""
 
-    def __init__(self, config: GLMConfig, tp: TensorParallel):
+    def __init__(self, config: GLMConfig):
         super().__init__()
         self.config = config
         # Block positions need one more row than the sequence: Part A's block position is 0.
@@ -121,7 +142,7 @@ class GLMTransformer(nn.Module):
         self.embedding_dropout = nn.Dropout(config.embedding_dropout_prob)
         # Residual-branch outputs start smaller, N(0, std / sqrt(2 L)), as in GPT-2 / Megatron.
         output_init = _normal_(config.init_method_std / math.sqrt(2.0 * config.num_layers))
-        self.layers = nn.ModuleList(TransformerLayer(config, tp, output_init) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config, output_init) for _ in range(config.num_layers))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
 
     def forward(self, hidden, position_ids, attention_mask, mems=(), return_memory=False):
@@ -197,17 +218,16 @@ class GLMModel(nn.Module):
     the logits to those positions, flattened: ``[n, V]``.
     """
 
-    def __init__(self, config: GLMConfig, tp: TensorParallel | None = None):
+    def __init__(self, config: GLMConfig):
         super().__init__()
-        tp = tp or TensorParallel()
         self.config = config
-        self.tp = tp
-        self.word_embeddings = tp.vocab_embedding(
-            config.vocab_size, config.hidden_size, _normal_(config.init_method_std)
+        # Vocab-split over tensor-parallel ranks (one table in one process).
+        self.word_embeddings = nn.VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, init_method=_normal_(config.init_method_std)
         )
-        self.transformer = GLMTransformer(config, tp)
+        self.transformer = GLMTransformer(config)
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
-        self.register_load_state_dict_pre_hook(_strip_hf_prefix)
+        self.register_load_state_dict_pre_hook(strip_hf_prefix)
 
     def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False, logit_positions=None):
         hidden = self.word_embeddings(input_ids)
@@ -217,25 +237,5 @@ class GLMModel(nn.Module):
             # of Part B alone, so the vocabulary projection and the loss skip most of the sequence.
             hidden = hidden[logit_positions]
         # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.
-        logits = self.tp.tied_logits(hidden, self.word_embeddings)
+        logits = self.word_embeddings.logits(hidden)
         return (logits, *new_mems)
-
-
-HF_PREFIX = "glm."
-
-
-def _strip_hf_prefix(module, state_dict, prefix, *args):
-    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
-        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
-
-
-def weight_decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Upstream's grouping: no weight decay on biases and LayerNorm parameters."""
-    decay, no_decay = [], []
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
-                continue
-            skip = isinstance(module, nn.LayerNorm) or name == "bias"
-            (no_decay if skip else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

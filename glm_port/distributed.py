@@ -1,0 +1,107 @@
+"""Where a run's ranks sit: device, data-parallel and tensor-parallel groups (any model family).
+
+``ParallelEnv`` reads the launcher's environment (``torchrun``: RANK, WORLD_SIZE, LOCAL_RANK), starts
+the process group and lays the ranks out with shim's mesh (``setup_dist_util``): tensor-parallel
+neighbours adjacent, data parallel across. In one process with no launcher nothing is started.
+
+Models declare how their layers split (shim's ``Linear1D`` / ``VocabParallelEmbedding``); the layout
+set up here is what turns those layers into shards when the model is built after it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import shim as torch
+import shim.distributed as dist
+
+
+def local_state_dict(model) -> dict:
+    """The model's weights as this rank holds them: upstream's ``mp_rank_XX`` layout."""
+    return {name: torch.to_local(value) for name, value in model.state_dict().items()}
+
+
+def tensor_parallel_size() -> int:
+    """How many ranks models built now split their layers over (1 before a layout is set up)."""
+    layout = dist.current_layout()
+    return 1 if layout is None else layout.tensor_parallel_size
+
+
+class ParallelEnv:
+    """The ranks of one run: device, data-parallel and tensor-parallel groups."""
+
+    def __init__(self, device, tp_size=1, tp_rank=0, tp_group=None, dp_size=1, dp_rank=0, dp_group=None,
+                 owns_process_group=False):
+        self.device = device
+        self.tp_size, self.tp_rank, self.tp_group = tp_size, tp_rank, tp_group
+        self.dp_size, self.dp_rank, self.dp_group = dp_size, dp_rank, dp_group
+        self._owns_process_group = owns_process_group
+
+    @classmethod
+    def from_environment(cls, tensor_parallel_size: int = 1, backend: str | None = None, device: str | None = None):
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size % tensor_parallel_size:
+            raise ValueError(
+                f"--model-parallel-size {tensor_parallel_size} does not divide the {world_size} processes "
+                f"(launch with torchrun --nproc_per_node N, N a multiple of it)"
+            )
+        device = torch.device(device) if device else torch.device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if world_size == 1:
+            return cls(device)
+        started = not dist.is_initialized()
+        if started:
+            dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
+        layout = dist.setup_dist_util(tensor_parallel_size=tensor_parallel_size)
+        return cls(
+            device,
+            tp_size=tensor_parallel_size, tp_rank=layout.tensor_parallel_rank,
+            tp_group=layout.tensor_parallel_mesh.get_group(),
+            dp_size=layout.data_parallel_size, dp_rank=layout.data_parallel_rank,
+            dp_group=layout.data_parallel_mesh.get_group(),
+            owns_process_group=started,
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return dist.get_rank() == 0
+
+    def seed_tracker(self, seed: int) -> None:
+        if self.tp_size > 1:
+            torch.checkpointing.model_parallel_cuda_manual_seed(seed)
+
+    @property
+    def _syncs_gradients_itself(self) -> bool:
+        # torch's DDP cannot bucket DTensor parameters, so with tensor parallel the data-parallel
+        # all-reduce is done here, once per step, on each rank's shards.
+        return self.dp_size > 1 and self.tp_size > 1
+
+    def wrap_data_parallel(self, model):
+        if self.dp_size == 1 or self._syncs_gradients_itself:
+            return model
+        return dist.DistributedDataParallel(model, process_group=self.dp_group)
+
+    def sync_gradients(self, parameters) -> None:
+        """Average gradients over the data-parallel ranks when DDP does not (see above)."""
+        if not self._syncs_gradients_itself:
+            return
+        grads = [torch.to_local(p.grad) for p in parameters if p.grad is not None]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])  # one all-reduce for the whole model
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.dp_size
+        for grad, synced in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(synced.view_as(grad))
+
+    def clip_grad_norm(self, parameters, max_norm: float):
+        """Clip by the norm of the whole model's gradient, shards counted once."""
+        parameters = [p for p in parameters if p.grad is not None]
+        if self.tp_size == 1:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        from shim import mpu  # Megatron's clip: shards summed over the tensor-parallel group
+
+        return mpu.clip_grad_norm(parameters, max_norm)
+
+    def close(self) -> None:
+        if self._owns_process_group:
+            dist.destroy_process_group()

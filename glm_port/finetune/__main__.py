@@ -1,0 +1,3 @@
+from glm_port.finetune.run import main
+
+main()

@@ -1,0 +1,125 @@
+"""``glm-finetune``'s command line: PaddleNLP's flag names (``finetune_generation.py``), so its documented
+commands run as they are with ``torchrun`` in place of ``python -m paddle.distributed.launch``."""
+
+from __future__ import annotations
+
+import argparse
+
+from glm_port.finetune.datasets import LAYOUTS
+
+# PaddleNLP / Hugging Face TrainingArguments flags this command does not implement: refused by name.
+REFUSED = {
+    "--sharding": "sharded data parallel is not implemented; use --tensor_parallel_degree or torchrun data parallel",
+    "--sharding_parallel_degree": "sharded data parallel is not implemented",
+    "--pipeline_parallel_degree": "pipeline parallel finetuning is not implemented (glm-generate does pipeline inference)",
+    "--prefix_tuning": "prefix tuning is not implemented; use --lora",
+    "--ptq": "post-training quantization is not implemented",
+    "--qat": "quantization-aware training is not implemented",
+    "--use_flash_attention": "attention already goes through torch's SDPA kernels where they apply",
+}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "y"):
+        return True
+    if text.lower() in ("0", "false", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm-finetune",
+        description="Finetune a GLM for generation (full or LoRA), evaluate with beam search and ROUGE/BLEU. "
+        "With no arguments: a small GLM learns an embedded toy task on CPU and shows its scores rising.",
+        epilog="Boolean flags take PaddleNLP's forms too: '--do_train', '--do_train true', '--lora 1'.",
+    )
+    flag = lambda name, **kw: parser.add_argument(name, **kw)  # noqa: E731
+    switch = lambda name, help: parser.add_argument(  # noqa: E731
+        name, nargs="?", const=True, default=False, type=_bool, help=help)
+
+    g = parser.add_argument_group("model and data")
+    flag("--model_name_or_path", default=None, help="a Hugging Face GLM directory, a glm-pretrain --save directory, "
+         "or upstream mp_rank_XX files; default: a small random GLM for the embedded task")
+    flag("--lora_path", default=None, help="a PEFT LoRA adapter directory to apply to the model (eval / predict)")
+    flag("--train_file", default=None, help="training samples: JSON lines or a JSON list")
+    flag("--eval_file", default=None, help="evaluation samples (same format)")
+    flag("--test_file", default=None, help="samples to predict with --do_predict (target field optional)")
+    flag("--dataset_layout", default="plain", choices=LAYOUTS,
+         help="which fields make (source, target): plain (--source_field/--target_field), dureaderqg "
+         "(PaddleNLP's question-generation prompt), adgen (content -> summary), belle (instruction/input -> output)")
+    flag("--source_field", default="source", help="the source field of the plain layout")
+    flag("--target_field", default="target", help="the target field of the plain layout")
+    flag("--src_length", type=int, default=608, help="tokens of the source, [CLS]/[gMASK]/[eos] included (cut beyond)")
+    flag("--tgt_length", type=int, default=160, help="tokens of the target, sop/eop included (cut beyond, counted)")
+    flag("--output_dir", default="./glm-finetune-out", help="checkpoints, adapters, predictions and metrics")
+
+    g = parser.add_argument_group("training")
+    switch("--do_train", "train on --train_file")
+    switch("--do_eval", "generate for --eval_file and score ROUGE-1/2/L and BLEU-4")
+    switch("--do_predict", "write predictions for --test_file")
+    flag("--num_train_epochs", type=float, default=3.0, help="epochs over the training data (unless --max_steps)")
+    flag("--max_steps", type=int, default=-1, help="optimizer steps in all; overrides --num_train_epochs when > 0")
+    flag("--per_device_train_batch_size", type=int, default=8)
+    flag("--per_device_eval_batch_size", type=int, default=8)
+    flag("--gradient_accumulation_steps", type=int, default=1)
+    flag("--learning_rate", type=float, default=5e-5)
+    flag("--warmup_ratio", type=float, default=0.0, help="share of the steps with a linear warmup")
+    flag("--weight_decay", type=float, default=0.0, help="AdamW weight decay (none on biases and norms)")
+    flag("--lr_scheduler_type", default="linear", choices=("linear", "cosine", "constant"))
+    flag("--max_grad_norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
+    flag("--label_smoothing", type=float, default=0.0, help="label smoothing of the target-token cross entropy")
+    flag("--logging_steps", type=int, default=10)
+    flag("--save_steps", type=int, default=0, help="save a checkpoint every N steps (0: at the end only)")
+    flag("--eval_steps", type=int, default=0, help="evaluate every N steps (with --do_eval), keeping the best")
+    flag("--seed", type=int, default=42)
+    switch("--fp16", "fp16 autocast with dynamic loss scaling (CUDA)")
+    switch("--bf16", "bf16 autocast")
+    flag("--fp16_opt_level", default="O1", choices=("O1", "O2"),
+         help="accepted: autocast is O1; O2 (half master weights) is not used, weights stay fp32")
+    switch("--recompute", "activation checkpointing of every layer (less memory, more time)")
+    flag("--tensor_parallel_degree", type=int, default=1, help="split the model over this many processes (torchrun)")
+    flag("--merge_tensor_parallel_path", default=None,
+         help="after training, write single-shard weights there (as glm-merge does)")
+    flag("--device", default=None, help="cpu, cuda, cuda:1... (default: the GPU if there is one)")
+
+    g = parser.add_argument_group("LoRA (PEFT)")
+    switch("--lora", "train LoRA adapters only (PEFT), the base weights frozen")
+    flag("--r", type=int, default=8, help="LoRA rank")
+    flag("--lora_alpha", type=int, default=16)
+    flag("--lora_dropout", type=float, default=0.05)
+    flag("--lora_target_modules", default="query_key_value", help="comma-separated module names to adapt")
+    switch("--merge_lora", "fold the adapters into the weights when saving the final model")
+
+    g = parser.add_argument_group("generation (evaluation, prediction)")
+    flag("--num_beams", type=int, default=1)
+    flag("--min_tgt_length", type=int, default=0, help="generate at least this many tokens")
+    flag("--length_penalty", type=float, default=1.0)
+    flag("--no_repeat_ngram_size", type=int, default=0)
+    switch("--select_topk", "sample from the top-k (k = --top_k) instead of searching")
+    flag("--top_k", type=int, default=1)
+    flag("--top_p", type=float, default=1.0)
+    flag("--temperature", type=float, default=1.0)
+    flag("--metric_lang", default="auto", choices=("auto", "zh", "en"),
+         help="zh: jieba + rouge_chinese and nltk BLEU-4 on characters (THUDM / MindFormers); en: rouge-score "
+         "and sacrebleu; auto: zh when the references hold CJK characters")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        name = unknown[0].split("=")[0]
+        reason = REFUSED.get(name)
+        parser.error(f"{name} is not supported: {reason}" if reason else f"unrecognized argument {name}")
+    if args.fp16 and args.bf16:
+        parser.error("--fp16 and --bf16 exclude each other")
+    for name in ("src_length", "tgt_length", "per_device_train_batch_size", "per_device_eval_batch_size",
+                 "gradient_accumulation_steps", "tensor_parallel_degree", "num_beams"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
+    args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]
+    return args

@@ -1,0 +1,380 @@
+"""``glm-finetune``: finetune a GLM for generation (full or LoRA), evaluate by beam search with ROUGE/BLEU.
+
+    glm-finetune                                  # embedded toy task, small random GLM, CPU, scores rising
+    glm-finetune --lora                           # the same with LoRA adapters
+    glm-finetune --model_name_or_path glm-large-chinese --train_file train.json --eval_file dev.json \\
+        --dataset_layout dureaderqg --do_train --do_eval --lora --num_beams 5 ...
+    torchrun --nproc_per_node 2 -m glm_port.finetune --tensor_parallel_degree 2 ...
+
+The training loop, optimizer, schedule, precision and checkpoints are glm-pretrain's (``glm_port.training``,
+``glm_port.checkpoint_io``); generation is the model's ``generate`` (transformers' GenerationMixin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import shim as torch
+from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from glm_port.distributed import ParallelEnv, local_state_dict
+from glm_port.finetune import metrics
+from glm_port.finetune.arguments import parse_args
+from glm_port.finetune.datasets import DataError, Pair, read_pairs
+from glm_port.finetune.toy_task import write_toy_task
+from glm_port.models.glm import GLMConfig, GLMModel
+from glm_port.models.glm.seq2seq import Encoded, collate, encode_pair
+from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
+
+PROG = "glm-finetune"
+# The embedded default: a GLM small enough to learn the toy task in about a minute on 2 CPU cores.
+TOY_CONFIG = dict(num_layers=2, hidden_size=128, num_attention_heads=4, max_sequence_length=64,
+                  embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
+TOY_FLAGS = dict(do_train=True, do_eval=True, max_steps=300, learning_rate=2e-3, warmup_ratio=0.05,
+                 per_device_train_batch_size=32, per_device_eval_batch_size=48, src_length=12, tgt_length=10,
+                 logging_steps=50, eval_steps=100, num_beams=3)
+
+
+class FinetuneError(ValueError):
+    """Bad input found before anything is written."""
+
+
+def _default_run(args, argv) -> bool:
+    """No model and no data named: the embedded toy task, with its own defaults for flags left unset."""
+    if args.model_name_or_path or args.train_file or args.eval_file or args.test_file:
+        return False
+    given = {a.split("=")[0].lstrip("-") for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+    for name, value in TOY_FLAGS.items():
+        if name not in given:
+            setattr(args, name, value)
+    if "lora" in given and "learning_rate" not in given:
+        args.learning_rate = 5e-3  # adapters only: a larger step
+    return True
+
+
+@dataclass
+class Session:
+    env: ParallelEnv
+    model: torch.nn.Module  # GLMModel, or the PEFT model around it
+    glm: GLMModel
+    config: GLMConfig
+    tokenizer: object  # glm_port.data GLMTokenizer (the vocabulary with GLM's command ids)
+    output_dir: Path
+
+
+# ---- model -------------------------------------------------------------------------------------------
+
+
+def _load_model(args, env: ParallelEnv):
+    """(GLMModel, vocabulary) from --model_name_or_path, or a new small GLM for the toy task."""
+    from glm_port import data
+
+    if args.model_name_or_path is None:
+        tokenizer = data.get_tokenizer()
+        config = GLMConfig(vocab_size=tokenizer.vocab_size, checkpoint_activations=args.recompute, **TOY_CONFIG)
+        return GLMModel(config).to(env.device), tokenizer
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    path = Path(args.model_name_or_path).expanduser()
+    if not path.exists():
+        raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
+    wrapper = GLMForConditionalGeneration.from_pretrained(path, device=env.device)
+    glm = wrapper.glm
+    if args.recompute:
+        glm.config = glm.config.replace(checkpoint_activations=True)
+        glm.transformer.config = glm.config
+    return glm, GLMTokenizer.from_pretrained(path).vocab
+
+
+def _apply_lora(args, glm: GLMModel):
+    """PEFT LoRA on ``--lora_target_modules`` (new adapters, or ``--lora_path``'s); the base frozen."""
+    import peft
+
+    if args.lora_path:
+        path = Path(args.lora_path).expanduser()
+        if not (path / "adapter_config.json").is_file():
+            raise FinetuneError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
+        try:
+            return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train)
+        except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
+            first = str(error).strip().splitlines()[0]
+            raise FinetuneError(f"--lora_path {path} was made for another base model: {first}") from None
+    names = {name.rsplit(".", 1)[-1] for name, _ in glm.named_modules()}
+    missing = [m for m in args.lora_target_modules if m not in names]
+    if missing:
+        raise FinetuneError(f"--lora_target_modules: the model has no module named {missing[0]!r}")
+    config = peft.LoraConfig(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                             target_modules=args.lora_target_modules, bias="none")
+    return peft.get_peft_model(glm, config)
+
+
+def _trainable_line(model) -> str:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return f" > trainable parameters: {trainable:,} of {total:,} ({100.0 * trainable / total:.3f}%)"
+
+
+# ---- data --------------------------------------------------------------------------------------------
+
+
+def encode_pairs(tokenizer, pairs: list[Pair], src_length: int, tgt_length: int, *, with_targets=True) -> list[Encoded]:
+    sources = tokenizer.encode_batch([p.source for p in pairs])
+    targets = tokenizer.encode_batch([p.target for p in pairs]) if with_targets else [None] * len(pairs)
+    return [encode_pair(tokenizer, s, t, src_length, tgt_length) for s, t in zip(sources, targets)]
+
+
+def _cached_encoding(args, tokenizer, path: str, output_dir: Path) -> list[Encoded]:
+    """Tokenize a data file once: the encoded samples are kept under ``OUTPUT/cache/`` keyed by the file's
+    bytes, the vocabulary and the layout flags."""
+    key = hashlib.sha256()
+    key.update(Path(path).read_bytes())
+    for part in (tokenizer.fingerprint, args.dataset_layout, args.source_field, args.target_field,
+                 args.src_length, args.tgt_length):
+        key.update(str(part).encode())
+    cache = output_dir / "cache" / f"{Path(path).stem}-{key.hexdigest()[:16]}.pt"
+    if cache.is_file():
+        return torch.load(cache, weights_only=False)
+    samples = encode_pairs(tokenizer, read_pairs(path, args.dataset_layout, args.source_field, args.target_field),
+                           args.src_length, args.tgt_length)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp-{os.getpid()}")
+    torch.save(samples, tmp)
+    os.replace(tmp, cache)
+    return samples
+
+
+def batches(samples: list[Encoded], batch_size: int, pad_id: int, seed: int, rank: int, world: int, skip: int = 0):
+    """Endless shuffled batches (a new order each epoch); each data-parallel rank takes its share of a
+    global batch of ``batch_size * world``. ``skip`` batches are passed over (resuming)."""
+    global_batch = batch_size * world
+    per_epoch = max(len(samples) // global_batch, 1)
+    produced = 0
+    for epoch in range(1 << 30):
+        order = np.random.default_rng(seed + epoch).permutation(len(samples))
+        for b in range(per_epoch):
+            produced += 1
+            if produced <= skip:
+                continue
+            chosen = order[b * global_batch:(b + 1) * global_batch][rank * batch_size:(rank + 1) * batch_size]
+            yield collate([samples[i] for i in chosen], pad_id)
+
+
+# ---- evaluation --------------------------------------------------------------------------------------
+
+
+def generate_targets(session: Session, args, samples: list[Encoded]) -> list[str]:
+    """The model's text for each sample's Part A, by the search flags (beam search by default)."""
+    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    tokenizer = GLMTokenizer(session.tokenizer)
+    generator = GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(session.config), glm=session.glm)
+    generator.eval()
+    search = dict(max_new_tokens=args.tgt_length, num_beams=args.num_beams, length_penalty=args.length_penalty,
+                  no_repeat_ngram_size=args.no_repeat_ngram_size, min_new_tokens=args.min_tgt_length,
+                  eos_token_id=[tokenizer.eop_token_id, tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                  do_sample=args.select_topk, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    texts = []
+    for start in range(0, len(samples), args.per_device_eval_batch_size):
+        chunk = samples[start:start + args.per_device_eval_batch_size]
+        prompts = [s.text[:s.sep] for s in chunk]
+        inputs = tokenizer.build_inputs_for_generation(_as_batch(prompts, tokenizer.pad_token_id),
+                                                       max_gen_length=args.tgt_length)
+        inputs = inputs.to(session.env.device)
+        with torch.no_grad():
+            out = generator.generate(**inputs, **search)
+        prompt_width = inputs["input_ids"].size(1)
+        stops = {tokenizer.eop_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+        for row in out[:, prompt_width:].tolist():
+            cut = next((k for k, t in enumerate(row) if t in stops), len(row))
+            texts.append(session.tokenizer.decode(row[:cut]).strip())
+    return texts
+
+
+def _as_batch(prompts: list[np.ndarray], pad_id: int) -> dict:
+    """Prompts as ``tokenizer(...)``'s output: left-padded ``input_ids`` and ``attention_mask``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.from_numpy(prompt)
+        mask[row, width - len(prompt):] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def evaluate(session: Session, args, pairs: list[Pair], samples: list[Encoded]) -> tuple[dict, list[str]]:
+    predictions = generate_targets(session, args, samples)
+    return metrics.score(predictions, [p.target for p in pairs], args.metric_lang), predictions
+
+
+def _print_scores(scores: dict, step: int | None) -> None:
+    where = f" at step {step}" if step is not None else ""
+    cells = " | ".join(f"{name} {value:6.2f}" for name, value in scores.items())
+    print(f" eval{where} | {cells} |", flush=True)
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_predictions(path: Path, pairs: list[Pair], predictions: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        for pair, prediction in zip(pairs, predictions):
+            f.write(json.dumps({"source": pair.source, "target": pair.target, "prediction": prediction},
+                               ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+
+def _check_inputs(args) -> None:
+    if args.do_train and not args.train_file:
+        raise FinetuneError("--do_train needs --train_file")
+    if args.do_eval and not args.eval_file:
+        raise FinetuneError("--do_eval needs --eval_file")
+    if args.do_predict and not args.test_file:
+        raise FinetuneError("--do_predict needs --test_file")
+    if not (args.do_train or args.do_eval or args.do_predict):
+        raise FinetuneError("nothing to do: give --do_train, --do_eval or --do_predict")
+    for flag in ("train_file", "eval_file", "test_file"):
+        path = getattr(args, flag)
+        if path and not Path(path).is_file():
+            raise FinetuneError(f"--{flag} {path}: no such file")
+    if args.label_smoothing and args.tensor_parallel_degree > 1:
+        raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
+                            "(the vocab-parallel cross entropy has no smoothing)")
+
+
+def setup(args) -> Session:
+    env = ParallelEnv.from_environment(args.tensor_parallel_degree, device=args.device)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    env.seed_tracker(args.seed)
+    glm, tokenizer = _load_model(args, env)
+    model = _apply_lora(args, glm) if args.lora or args.lora_path else glm
+    return Session(env, model, glm, glm.config, tokenizer, Path(args.output_dir))
+
+
+def train(args, session: Session, train_samples, eval_data) -> None:
+    env, model = session.env, session.model
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * env.dp_size
+    total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(train_samples) / per_step)
+    truncated = sum(s.truncated_target for s in train_samples)
+    if env.is_main:
+        print(f" > {len(train_samples)} training samples, {total} steps"
+              + (f"; {truncated} targets cut to --tgt_length {args.tgt_length}" if truncated else ""), flush=True)
+        print(_trainable_line(model), flush=True)
+    optimizer, scheduler = build_optimizer(model, OptimizerSettings(
+        lr=args.learning_rate, weight_decay=args.weight_decay, warmup=args.warmup_ratio, decay_iters=max(total, 1),
+        decay_style=args.lr_scheduler_type, decay_ratio=0.0,
+    ))
+    dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
+    precision = Precision(env.device, dtype)
+    checkpoints = session.output_dir / "checkpoints"
+    iteration = 0
+    if (checkpoints / "latest_checkpointed_iteration.txt").is_file():  # resume where the last run stopped
+        find_checkpoint(checkpoints, env.tp_rank)
+        iteration = load_checkpoint(checkpoints, model, tp_rank=env.tp_rank, optimizer=optimizer,
+                                    scheduler=scheduler, grad_scaler=precision.scaler)
+        if env.is_main:
+            print(f" > resumed from {checkpoints} at step {iteration}", flush=True)
+    stream = batches(train_samples, args.per_device_train_batch_size, session.tokenizer.pad_id, args.seed,
+                     env.dp_rank, env.dp_size, skip=iteration * args.gradient_accumulation_steps)
+    loop = TrainingLoop(env.wrap_data_parallel(model), optimizer, scheduler, precision, env, total_iters=total,
+                        accumulation=args.gradient_accumulation_steps, clip_grad=args.max_grad_norm,
+                        log_interval=args.logging_steps, label_smoothing=args.label_smoothing)
+    best = {"rouge-l": -1.0}
+
+    def save(step: int) -> None:
+        save_checkpoint(checkpoints, step, local_state_dict(model), config=session.config, optimizer=optimizer,
+                        scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
+                        writer=env.dp_rank == 0)
+
+    def periodic_eval(step: int) -> None:
+        scores, predictions = evaluate(session, args, *eval_data)
+        model.train()
+        if env.is_main:
+            _print_scores(scores, step)
+            if scores["rouge-l"] > best["rouge-l"]:
+                best.update(scores, step=step)
+                save_model(args, session, session.output_dir / "best")
+                _write_json(session.output_dir / "best" / "eval_results.json", best)
+
+    periodic = [(args.save_steps, save)]
+    if args.do_eval and args.eval_steps:
+        periodic.append((args.eval_steps, periodic_eval))
+    loop.run(stream, iteration, periodic)
+
+
+def save_model(args, session: Session, directory: Path) -> None:
+    """The finetuned model where glm-generate and ``from_pretrained`` read it: the PEFT adapter alone (LoRA,
+    unless --merge_lora), else the merged weights with config and tokenizer files."""
+    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model = session.model
+    if hasattr(model, "peft_config") and not args.merge_lora:
+        model.save_pretrained(str(directory))
+        return
+    glm = model.merge_and_unload() if hasattr(model, "peft_config") else model
+    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(session.config), glm=glm).save_pretrained(directory)
+    GLMTokenizer(session.tokenizer).save_pretrained(directory)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    toy = _default_run(args, argv)
+    output_dir = Path(args.output_dir)
+    try:
+        if toy:
+            args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
+            print(f"{PROG}: no model or data given: a small GLM learns the embedded task (reverse a phrase's words) "
+                  f"in {output_dir}/", flush=True)
+        _check_inputs(args)
+        session = setup(args)
+        train_samples = _cached_encoding(args, session.tokenizer, args.train_file, output_dir) if args.do_train else []
+        eval_data = None
+        if args.do_eval:
+            pairs = read_pairs(args.eval_file, args.dataset_layout, args.source_field, args.target_field)
+            eval_data = (pairs, encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length))
+    except (FinetuneError, DataError, CheckpointError, OSError, ValueError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        env = session.env
+        if args.do_eval and env.is_main and args.do_train:
+            scores, _ = evaluate(session, args, *eval_data)
+            _print_scores(scores, 0)
+        if args.do_train:
+            train(args, session, train_samples, eval_data)
+            if env.is_main:
+                save_model(args, session, output_dir / "final")
+                print(f" > saved the finetuned model to {output_dir / 'final'}", flush=True)
+        if args.do_eval and env.is_main:
+            scores, predictions = evaluate(session, args, *eval_data)
+            _print_scores(scores, None)
+            _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
+            _write_json(output_dir / "eval_results.json", scores)
+        if args.do_predict and env.is_main:
+            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field)
+            samples = encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length, with_targets=False)
+            _write_predictions(output_dir / "test_predictions.jsonl", pairs, generate_targets(session, args, samples))
+        if env.is_main:
+            print(f" > results in {output_dir}/", flush=True)
+    finally:
+        session.env.close()

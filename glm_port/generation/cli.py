@@ -1,0 +1,214 @@
+"""``glm-generate``: fill blanks / continue text with any model family glm_port has, from released weights.
+
+    glm-generate --model glm-10b "Ng is an adjunct professor at [MASK] (he used to be the Director of AI Lab)."
+    glm-generate --model ckpt --json --input prompts.jsonl --num-beams 4 --max-new-tokens 32
+    echo "Beijing is the capital of" | glm-generate --model ckpt --do-sample --top-p 0.9 --seed 1
+    torchrun --nproc_per_node 2 -m glm_port.generate --tensor-parallel-size 2 --model glm-10b "..."
+
+The family (GLM, ...) comes from the directory's ``config.json`` (``model_type``) through
+``glm_port.models``' registry; a directory without one (upstream ``mp_rank_XX`` files, a ``glm-pretrain
+--save`` directory) is GLM. Results go to stdout, one per prompt (per returned sequence): as text, or with
+``--json`` one JSON object a line. Tokens/s and the time to the first token go to stderr at the end.
+Bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm-generate", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Prompts: arguments, --input FILE (one per line, or JSON lines with a \"prompt\" field; '-' is "
+               "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK] "
+               "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).")
+    parser.add_argument("prompts", nargs="*", help="prompts to complete")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="weights: a Hugging Face GLM directory, upstream mp_rank_XX_model_states.pt files "
+                             "(any model-parallel size), or a glm-pretrain --save directory")
+    parser.add_argument("--input", metavar="FILE", help="read prompts from FILE ('-': stdin)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per result: prompt, text, generated_ids (per blank), marked, sequence")
+    parser.add_argument("--tokenizer-type", default=None,
+                        help="vocabulary type as glm-pretrain takes it (default: read beside the weights, else "
+                             "glm-pretrain's built-in tokenizer)")
+    parser.add_argument("--tokenizer-path", default=None, help="vocabulary file or directory")
+    search = parser.add_argument_group("search (transformers' GenerationMixin)")
+    search.add_argument("--max-new-tokens", type=int, default=64, help="tokens per blank at most (default 64)")
+    search.add_argument("--min-new-tokens", type=int, default=None, help="no end token before this many")
+    search.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search")
+    search.add_argument("--temperature", type=float, default=None)
+    search.add_argument("--top-k", type=int, default=None)
+    search.add_argument("--top-p", type=float, default=None)
+    search.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    search.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
+    search.add_argument("--length-penalty", type=float, default=None, help="beam score / length ** this")
+    search.add_argument("--no-repeat-ngram-size", type=int, default=None)
+    search.add_argument("--num-return-sequences", type=int, default=1, help="results per prompt (one-blank prompts)")
+    search.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow)")
+    run = parser.add_argument_group("where it runs")
+    run.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and compute precision (default fp32)")
+    run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the accelerator if any)")
+    run.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
+    run.add_argument("--tensor-parallel-size", type=int, default=1,
+                     help="split every layer over this many ranks (launch with torchrun)")
+    run.add_argument("--pipeline-parallel-size", type=int, default=1,
+                     help="split the layers into this many stages (launch with torchrun)")
+    run.add_argument("--pipeline-num-layers", type=int, default=None,
+                     help="layers the pipeline splits (LiBai's fourth number; default: all of the model's)")
+    return parser
+
+
+class UsageError(ValueError):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def read_prompts(args) -> list[str]:
+    lines: list[tuple[str, str]] = [(f"argument {i + 1}", p) for i, p in enumerate(args.prompts)]
+    source = args.input
+    if source is None and not args.prompts and not sys.stdin.isatty():
+        source = "-"
+    if source is not None:
+        if source == "-":
+            text, name = sys.stdin.read(), "stdin"
+        else:
+            try:
+                text, name = Path(source).read_text(encoding="utf-8"), source
+            except OSError as error:
+                raise UsageError(f"--input {source}: {error.strerror or error}") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                lines.append((f"{name} line {number}", line))
+    prompts = []
+    for where, line in lines:
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UsageError(f"{where}: not valid JSON ({error.msg})") from None
+            prompt = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+            if not isinstance(prompt, str):
+                raise UsageError(f"{where}: a JSON line needs a \"prompt\" string")
+            line = prompt
+        prompts.append(line)
+    if not prompts:
+        raise UsageError("no prompts: give them as arguments, with --input FILE, or on stdin")
+    return prompts
+
+
+def generate_kwargs(args) -> dict:
+    kwargs = {"do_sample": args.do_sample, "num_beams": args.num_beams,
+              "num_return_sequences": args.num_return_sequences, "use_cache": not args.no_cache}
+    for name in ("temperature", "top_k", "top_p", "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    if args.num_return_sequences > max(args.num_beams, 1) and not args.do_sample:
+        raise UsageError(f"--num-return-sequences {args.num_return_sequences} needs --num-beams at least as "
+                         f"large, or --do-sample")
+    return kwargs
+
+
+def detect_family(path):
+    """The registry's family for the weights at ``path`` (``config.json``'s ``model_type``; GLM without one)."""
+    from glm_port.models import FAMILIES, family_for
+
+    path = Path(path)
+    for directory in (path if path.is_dir() else path.parent, path.parent):
+        config = directory / "config.json"
+        if config.is_file():
+            try:
+                model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+            except json.JSONDecodeError as error:
+                raise UsageError(f"{config}: not valid JSON ({error.msg})") from None
+            return family_for(model_type) if model_type else FAMILIES["glm"]
+    return FAMILIES["glm"]
+
+
+class FirstTokenClock:
+    """A transformers stopping criterion that never stops: it notes when the first new token exists."""
+
+    def __init__(self):
+        self.first = None
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import shim as torch
+
+        if self.first is None:
+            self.first = time.perf_counter()
+        return torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+
+
+def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
+    import shim as torch
+    from transformers import StoppingCriteriaList
+
+    from glm_port.generation.parallel import InferenceParallel
+
+    for name in ("max_new_tokens", "batch_size", "num_beams", "num_return_sequences", "tensor_parallel_size",
+                 "pipeline_parallel_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    prompts = read_prompts(args)
+    kwargs = generate_kwargs(args)
+    family = detect_family(args.model)
+    if family.generation is None:
+        raise UsageError(f"the {family.name} family has no generation")
+    backend = importlib.import_module(family.generation)
+    parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
+                                                  args.pipeline_num_layers, device=args.device)
+    try:
+        model, tokenizer = backend.load(args.model, dtype=args.dtype, device=parallel.device,
+                                        tokenizer_type=args.tokenizer_type, tokenizer_path=args.tokenizer_path,
+                                        tensor_parallel=parallel.model_parallel())
+        parallel.seed(args.seed)
+        mine = list(parallel.my_prompts(len(prompts)))
+        clock = FirstTokenClock()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            results = backend.generate(model, tokenizer, [prompts[i] for i in mine],
+                                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                       stopping_criteria=StoppingCriteriaList([clock]), **kwargs)
+        elapsed = time.perf_counter() - start
+        per_prompt = len(results) // max(len(mine), 1)
+        results = parallel.gather_results([(mine[k // per_prompt], r) for k, r in enumerate(results)])
+        if parallel.is_writer:
+            for result in results:
+                if args.json:
+                    out.write(json.dumps(result, ensure_ascii=False) + "\n")
+                else:
+                    out.write(f"{result['marked']}\n{result['text']}\n\n")
+            out.flush()
+            tokens = sum(len(span) for r in results for span in r["generated_ids"])
+            first = (clock.first - start) * 1000 if clock.first else float("nan")
+            err.write(f"glm-generate: {len(results)} result(s), {tokens} new tokens in {elapsed:.2f} s: "
+                      f"{tokens / max(elapsed, 1e-9):.1f} tokens/s, time to first token {first:.0f} ms\n")
+        return results
+    finally:
+        parallel.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from glm_port.models import UnknownFamily
+    from glm_port.models.glm.weights import WeightsError
+
+    try:
+        run(args)
+    except (UsageError, WeightsError, UnknownFamily, ValueError, FileNotFoundError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"glm-generate: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""GLM for generation: a transformers ``PreTrainedModel`` + ``GenerationMixin`` over glm_port's GLM.
+
+``GLMForConditionalGeneration`` holds the GLM model as ``self.glm`` (so its state dict is THUDM's
+Hugging Face one: ``glm.word_embeddings.weight``, ...) and runs it with a key/value cache: a
+transformers ``Cache`` (``DynamicCache`` by default) holds every layer's keys and values, so a decode
+step projects only the new token. Upstream's ``mems`` hold hidden states and re-project Q/K/V over
+``[mem; h]`` at every step; the math is the same (keys and values of earlier positions do not change),
+the work per step is one token's.
+
+``generate`` is transformers' ``GenerationMixin.generate`` (greedy, sampling, beam search, stopping
+criteria, logits processors); this class supplies GLM's 2D positions and generation attention mask
+per step in ``prepare_inputs_for_generation``. Feed it ``GLMTokenizer.build_inputs_for_generation``'s
+output: ``model.generate(**inputs, max_new_tokens=...)``.
+"""
+
+from __future__ import annotations
+
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+import shim as torch
+import shim.nn.functional as F
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.model import GLMModel
+
+
+class GLMPretrainedConfig(PretrainedConfig):
+    """GLM's ``config.json`` (THUDM's field names), as transformers configs go.
+
+    ``to_glm_config()`` gives glm_port's ``GLMConfig``. Fields THUDM's config carries for other
+    variants (``relative_encoding``, ``attention_scale`` other than 1, ``spell_length``) are refused
+    by ``to_glm_config`` rather than ignored.
+    """
+
+    model_type = "glm"
+    attribute_map = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_sequence_length"}
+
+    def __init__(self, num_layers=24, vocab_size=30592, hidden_size=1024, num_attention_heads=16,
+                 embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
+                 max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
+                 attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
+                 spell_length=None, **kwargs):
+        self.num_layers = num_layers
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.embedding_dropout_prob = embedding_dropout_prob
+        self.attention_dropout_prob = attention_dropout_prob
+        self.output_dropout_prob = output_dropout_prob
+        self.max_sequence_length = max_sequence_length
+        self.block_position_encoding = block_position_encoding
+        self.relative_encoding = relative_encoding
+        self.attention_scale = attention_scale
+        self.layernorm_epsilon = layernorm_epsilon
+        self.initializer_range = initializer_range
+        self.attention_impl = attention_impl
+        self.spell_length = spell_length
+        kwargs.setdefault("tie_word_embeddings", True)
+        super().__init__(**kwargs)
+
+    def to_glm_config(self) -> GLMConfig:
+        if self.relative_encoding:
+            raise ValueError("config.json: relative_encoding (Transformer-XL positions) is not supported")
+        if self.attention_scale not in (None, 1, 1.0):
+            raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
+        if self.spell_length:
+            raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
+        return GLMConfig(
+            vocab_size=self.vocab_size, num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads, max_sequence_length=self.max_sequence_length,
+            embedding_dropout_prob=self.embedding_dropout_prob, attention_dropout_prob=self.attention_dropout_prob,
+            output_dropout_prob=self.output_dropout_prob, layernorm_epsilon=self.layernorm_epsilon,
+            init_method_std=self.initializer_range, block_position_encoding=self.block_position_encoding,
+            attention_impl=self.attention_impl,
+        )
+
+    @classmethod
+    def from_glm_config(cls, config: GLMConfig, **kwargs) -> "GLMPretrainedConfig":
+        fields = config.to_dict()
+        return cls(
+            num_layers=fields["num_layers"], vocab_size=fields["vocab_size"], hidden_size=fields["hidden_size"],
+            num_attention_heads=fields["num_attention_heads"], max_sequence_length=fields["max_sequence_length"],
+            embedding_dropout_prob=fields["embedding_dropout_prob"],
+            attention_dropout_prob=fields["attention_dropout_prob"],
+            output_dropout_prob=fields["output_dropout_prob"], layernorm_epsilon=fields["layernorm_epsilon"],
+            initializer_range=fields["init_method_std"], block_position_encoding=fields["block_position_encoding"],
+            attention_impl=fields["attention_impl"], **kwargs,
+        )
+
+
+class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
+    """GLM with a language-model head tied to the word embeddings, a KV cache and ``generate``."""
+
+    config_class = GLMPretrainedConfig
+    base_model_prefix = "glm"
+    main_input_name = "input_ids"
+    _no_split_modules = ["TransformerLayer"]
+
+    def __init__(self, config: GLMPretrainedConfig, glm: GLMModel | None = None):
+        super().__init__(config)
+        self.glm = glm if glm is not None else GLMModel(config.to_glm_config())
+        self.post_init()
+
+    def _init_weights(self, module):
+        """GLMModel initialises itself (upstream's scheme); loading replaces it."""
+
+    def get_input_embeddings(self):
+        return self.glm.word_embeddings
+
+    # ---- loading ----------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path, *, dtype=None, device=None, tensor_parallel=None, **overrides):
+        """Load any GLM weights ``path`` holds (see ``glm_port.models.glm.weights``): a Hugging Face GLM
+        directory, upstream ``mp_rank_XX_model_states.pt`` files at any model-parallel size, or a
+        ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard."""
+        from glm_port.models.glm import weights
+
+        return weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
+                                  **overrides)
+
+    # ---- the forward ------------------------------------------------------------------------------
+    def forward(self, input_ids, position_ids=None, attention_mask=None, cache: Cache | None = None,
+                use_cache: bool | None = None, logits_to_keep: int = 0, labels=None, return_dict=True, **kwargs):
+        """Logits for ``input_ids`` ``[b, q]`` after the ``cache``'s ``m`` positions.
+
+        ``position_ids``: ``[b, 2, q]`` (position, block position); default ``m..m+q-1`` and block 0.
+        ``attention_mask``: the full form ``[b, 1, q, m + q]`` (True/1 = may attend), upstream's ``sep``
+        form (``[b]`` or a scalar: keys before ``sep`` seen by all, the rest causal), or ``None``
+        (all of the prompt seen by all: ``sep = m + q``). ``logits_to_keep``: only the last n positions'
+        logits (0 = all). ``labels`` (-100 = ignored): the loss is upstream's mean over counted tokens.
+        """
+        batch_size, query_length = input_ids.shape
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            positions = torch.arange(past, past + query_length, device=input_ids.device).expand(batch_size, -1)
+            position_ids = torch.stack((positions, torch.zeros_like(positions)), dim=1)
+        visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
+        glm = self.glm
+        transformer = glm.transformer
+        hidden = glm.word_embeddings(input_ids)
+        if transformer.config.block_position_encoding:
+            hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
+            hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
+        else:
+            hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
+                                                              else position_ids[:, 0])
+        hidden = transformer.embedding_dropout(hidden)
+        layer_cache = cache if use_cache is not False else None
+        for index, layer in enumerate(transformer.layers):
+            hidden = layer(hidden, visible, cache=layer_cache, layer_index=index)
+        hidden = transformer.final_layernorm(hidden)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = glm.word_embeddings.logits(hidden)
+        table = glm.word_embeddings.weight
+        if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
+            from torch.distributed.tensor import DTensor, Shard
+
+            logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
+                                        run_check=False).full_tensor()
+        loss = None
+        if labels is not None:
+            counted = labels != -100
+            losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().clamp(min=0), reduction="none")
+            loss = (losses * counted.flatten()).sum() / counted.sum().clamp(min=1)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache is not False else None)
+
+    # ---- generation -------------------------------------------------------------------------------
+    def generate(self, input_ids=None, position_ids=None, generation_attention_mask=None, **kwargs):
+        """``GenerationMixin.generate`` with GLM's inputs (``build_inputs_for_generation``'s output).
+
+        ``position_ids`` ``[b, 2, L]`` and ``generation_attention_mask`` ``[b, 1, L, L]`` cover every
+        position generation may reach (L = prompt + sop + max_gen_length); GenerationMixin's own
+        handling of ``position_ids`` (which appends ``last + 1``) does not fit 2D positions, so they
+        travel under their own names.
+        """
+        for key in ("mask_positions", "prompt_length"):
+            kwargs.pop(key, None)
+        if position_ids is None or generation_attention_mask is None:
+            raise ValueError("GLM generation needs position_ids and generation_attention_mask: "
+                             "pass tokenizer.build_inputs_for_generation(...)'s output")
+        kwargs.setdefault("pad_token_id", getattr(self.generation_config, "pad_token_id", None))
+        return super().generate(input_ids, glm_position_ids=position_ids,
+                                generation_attention_mask=generation_attention_mask, **kwargs)
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, attention_mask=None,
+                                      glm_position_ids=None, generation_attention_mask=None, use_cache=True,
+                                      is_first_iteration=False, **kwargs):
+        """The step's new tokens with their 2D positions and their rows of the generation mask."""
+        past = cache.get_seq_length() if cache is not None and use_cache else 0
+        current = input_ids.size(1)
+        if current > glm_position_ids.size(-1):
+            raise ValueError(f"generation reached {current} tokens, past the {glm_position_ids.size(-1)} positions "
+                             f"build_inputs_for_generation laid out: raise its max_gen_length")
+        visible = generation_attention_mask[:, :, past:current, :current].bool()
+        if attention_mask is not None:  # keys dropped between blanks (end tokens, padding)
+            visible = visible & attention_mask[:, None, None, :current].bool()
+        inputs = {
+            "input_ids": input_ids[:, past:],
+            "position_ids": glm_position_ids[:, :, past:current],
+            "attention_mask": visible,
+            "use_cache": use_cache,
+        }
+        if cache is not None and use_cache:
+            inputs["cache"] = cache
+        if "logits_to_keep" in kwargs:
+            inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        return inputs
+
+
+def _visible(attention_mask, batch_size, query_length, past, device):
+    """Boolean ``[b, 1, q, m + q]`` from any of the forward's mask forms."""
+    keys = past + query_length
+    if attention_mask is None:
+        return torch.ones(batch_size, 1, query_length, keys, dtype=torch.bool, device=device)
+    if attention_mask.dim() == 4:
+        return attention_mask[..., -keys:].bool().expand(batch_size, -1, -1, -1)
+    sep = attention_mask.reshape(-1, 1, 1).expand(batch_size, 1, 1).long()
+    rows = torch.arange(past, keys, device=device).view(1, -1, 1)
+    cols = torch.arange(keys, device=device).view(1, 1, -1)
+    return ((cols <= rows) | (cols < sep)).unsqueeze(1)
+

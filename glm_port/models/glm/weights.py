@@ -1,0 +1,469 @@
+"""GLM weights in every form a GLM user has them, loaded with no conversion step; GLM's weight names.
+
+THUDM's converter saves upstream's ``checkpoint['module']`` as it is; its remote code's
+``base_model_prefix = "glm"`` nests the same keys under ``glm.`` when it saves again. Both load.
+
+Sources (``find_source``):
+
+- a Hugging Face GLM directory: ``config.json`` (THUDM's fields) with ``model.safetensors``,
+  ``pytorch_model.bin`` or a sharded ``*.index.json``; keys are upstream's names, with or without the
+  ``glm.`` prefix (THUDM's converter saved ``checkpoint['module']`` as it was);
+- upstream GLM's ``mp_rank_XX_model_states.pt`` (weights under ``'module'``) at any model-parallel size,
+  in an iteration directory or under a ``latest_checkpointed_iteration.txt`` / DeepSpeed ``latest`` tracker;
+- a ``glm-pretrain --save`` directory (the same layout, with the architecture under ``'glm_config'``).
+
+Tensor-parallel slices follow Megatron's split rules (``SPLIT_RULES``): the fused QKV weight splits per
+third, the word embeddings and ``dense_h_to_4h`` on dim 0 (rows), ``attention.dense`` and ``dense_4h_to_h``
+weights on dim 1; everything else is replicated. A checkpoint saved at model-parallel size ``s`` is
+merged and re-split to the run's tensor-parallel size ``t``; each rank reads only the files holding its
+slice (``s / t`` files when merging, one when splitting).
+
+Loading is shard by shard: the model is built on the meta device, each tensor is read (safetensors
+memory-mapped, ``.pt``/``.bin`` through ``torch.load(mmap=True)``), converted to the target dtype and
+device and assigned, so host memory stays near one copy of the weights. Any mismatch (a missing or
+unexpected key, a shape, a missing shard file) is one ``WeightsError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import shim as torch
+
+HF_PREFIX = "glm."
+
+
+def without_hf_prefix(weights: dict) -> dict:
+    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
+    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
+
+
+def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
+    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
+    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
+        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
+TRACKERS = ("latest_checkpointed_iteration.txt", "latest")
+MP_RANK = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+                   "pytorch_model.bin")
+
+
+class WeightsError(ValueError):
+    """Weights that are missing, unreadable or made for another model: the message names what."""
+
+
+# ---- Megatron's split rules ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitRule:
+    dim: int
+    thirds: bool = False  # fused Q|K|V: each rank's slice is [Q_r; K_r; V_r]
+
+
+SPLIT_RULES = (
+    (re.compile(r"word_embeddings\.weight$"), SplitRule(0)),
+    (re.compile(r"attention\.query_key_value\.(weight|bias)$"), SplitRule(0, thirds=True)),
+    (re.compile(r"mlp\.dense_h_to_4h\.(weight|bias)$"), SplitRule(0)),
+    (re.compile(r"attention\.dense\.weight$"), SplitRule(1)),
+    (re.compile(r"mlp\.dense_4h_to_h\.weight$"), SplitRule(1)),
+)
+
+
+def split_rule(name: str) -> SplitRule | None:
+    """How ``name`` is sliced over tensor-parallel ranks; ``None``: replicated."""
+    for pattern, rule in SPLIT_RULES:
+        if pattern.search(name):
+            return rule
+    return None
+
+
+def merge_slices(name: str, slices: list) -> "torch.Tensor":
+    """The whole tensor from its tensor-parallel slices (in rank order)."""
+    rule = split_rule(name)
+    if rule is None or len(slices) == 1:
+        return slices[0]
+    if rule.thirds:
+        parts = [s.chunk(3, dim=0) for s in slices]
+        return torch.cat([torch.cat([p[i] for p in parts], dim=0) for i in range(3)], dim=0)
+    return torch.cat(slices, dim=rule.dim)
+
+
+def take_slice(name: str, tensor, size: int, rank: int):
+    """Rank ``rank``'s slice of ``tensor`` (a tensor, or a safetensors slice read lazily) out of ``size``."""
+    rule = split_rule(name)
+    if rule is None or size == 1:
+        return tensor[:] if not isinstance(tensor, torch.Tensor) else tensor
+    shape = list(tensor.get_shape()) if not isinstance(tensor, torch.Tensor) else list(tensor.shape)
+    if shape[rule.dim] % (3 * size if rule.thirds else size):
+        raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size}")
+    if rule.thirds:
+        third = shape[0] // 3
+        step = third // size
+        return torch.cat([tensor[i * third + rank * step:i * third + (rank + 1) * step] for i in range(3)], dim=0)
+    step = shape[rule.dim] // size
+    if rule.dim == 0:
+        return tensor[rank * step:(rank + 1) * step]
+    return tensor[:, rank * step:(rank + 1) * step]
+
+
+# ---- where the weights are -------------------------------------------------------------------------
+@dataclass
+class WeightSource:
+    """What ``path`` holds. ``files`` lists the weight files (per mp rank for upstream layouts)."""
+
+    kind: str  # "hf" or "megatron"
+    path: Path
+    files: list[Path]
+    config: dict | None = None  # THUDM config.json fields, or glm-pretrain's glm_config
+    config_kind: str = "hf"  # "hf" (config.json) or "glm" (GLMConfig fields)
+    key_map: dict[str, Path] = field(default_factory=dict)  # sharded HF: key -> file
+
+    @property
+    def mp_size(self) -> int:
+        return len(self.files) if self.kind == "megatron" else 1
+
+
+def find_source(path) -> WeightSource:
+    """Find the weights under ``path`` (a directory or a single ``mp_rank_00_model_states.pt``)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise WeightsError(f"{path}: no such file or directory")
+    if path.is_file():
+        if MP_RANK.search(path.name):
+            return _megatron_source(path.parent, path.parent)
+        return WeightSource("hf", path, [path], config=_read_json(path.with_name("config.json")))
+    for name in HF_WEIGHT_FILES:
+        candidate = path / name
+        if candidate.is_file():
+            config = _read_json(path / "config.json")
+            if config is None:
+                raise WeightsError(f"{path}: {name} but no config.json beside it")
+            if name.endswith(".index.json"):
+                return _sharded_source(path, candidate, config)
+            return WeightSource("hf", path, [candidate], config=config)
+    for tracker in TRACKERS:
+        if (path / tracker).is_file():
+            step = (path / tracker).read_text().strip()
+            return _megatron_source(path / step, path)
+    if any(MP_RANK.search(p.name) for p in path.iterdir()):
+        return _megatron_source(path, path)
+    raise WeightsError(f"{path} holds no GLM weights (looked for {', '.join(HF_WEIGHT_FILES)}, "
+                       f"mp_rank_XX_model_states.pt, or a checkpoint tracker)")
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise WeightsError(f"{path}: not valid JSON ({error})") from None
+
+
+def _sharded_source(directory: Path, index: Path, config: dict) -> WeightSource:
+    weight_map = (_read_json(index) or {}).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightsError(f"{index}: no weight_map")
+    files = sorted({directory / f for f in weight_map.values()})
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise WeightsError(f"{index} names shard {missing[0]}, which is missing"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return WeightSource("hf", directory, files, config=config,
+                        key_map={k: directory / f for k, f in weight_map.items()})
+
+
+def _megatron_source(directory: Path, root: Path) -> WeightSource:
+    if not directory.is_dir():
+        raise WeightsError(f"{root}: its tracker points at {directory}, which does not exist")
+    ranks = {}
+    for p in directory.iterdir():
+        match = MP_RANK.search(p.name)
+        if match:
+            ranks[int(match.group(1))] = p
+    if not ranks:
+        raise WeightsError(f"{directory}: no mp_rank_XX_model_states.pt files")
+    size = max(ranks) + 1
+    missing = [r for r in range(size) if r not in ranks]
+    if missing:
+        raise WeightsError(f"{directory}: mp_rank_{missing[0]:02d}_model_states.pt is missing "
+                           f"(the checkpoint has {size} model-parallel ranks)")
+    source = WeightSource("megatron", root, [ranks[r] for r in range(size)])
+    for candidate in (directory / "config.json", root / "config.json"):
+        if candidate.is_file():
+            source.config = _read_json(candidate)
+            break
+    return source
+
+
+# ---- reading tensors -------------------------------------------------------------------------------
+def _torch_load(path: Path) -> dict:
+    """A ``.pt``/``.bin`` file, memory-mapped when its format allows."""
+    errors = (pickle.UnpicklingError, OSError, RuntimeError, EOFError, ValueError)
+    for kwargs in ({"mmap": True, "weights_only": True}, {"weights_only": True},
+                   {"mmap": True, "weights_only": False}, {"weights_only": False}):
+        try:
+            # Upstream's files pickle numpy RNG state: like upstream, a checkpoint you load is trusted.
+            return torch.load(path, map_location="cpu", **kwargs)
+        except errors as error:
+            last = error
+    reason = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
+    raise WeightsError(f"{path}: not a readable checkpoint ({reason})")
+
+
+def _module_weights(checkpoint, path: Path) -> dict:
+    weights = checkpoint.get("module", checkpoint) if isinstance(checkpoint, dict) else None
+    if not isinstance(weights, dict) or not any(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise WeightsError(f"{path}: holds no model weights ('module' missing)")
+    return {_strip(k): v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+
+
+def _strip(key: str) -> str:
+    return key[len(HF_PREFIX):] if key.startswith(HF_PREFIX) else key
+
+
+class _Reader:
+    """Tensors of one file by (prefix-less) name; safetensors lazily and sliceably."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            self._handle = safe_open(str(path), framework="pt", device="cpu")
+            self._names = {_strip(k): k for k in self._handle.keys()}
+            self._tensors = None
+        else:
+            self._handle = None
+            self._tensors = _module_weights(_torch_load(path), path)
+            self._names = {k: k for k in self._tensors}
+
+    def keys(self):
+        return self._names.keys()
+
+    def get(self, name: str, size: int = 1, rank: int = 0):
+        if self._handle is not None:
+            return take_slice(name, self._handle.get_slice(self._names[name]), size, rank)
+        return take_slice(name, self._tensors[name], size, rank)
+
+    def shape(self, name: str) -> list[int]:
+        if self._handle is not None:
+            return list(self._handle.get_slice(self._names[name]).get_shape())
+        return list(self._tensors[name].shape)
+
+    def config(self) -> dict | None:
+        if self._handle is not None:
+            metadata = self._handle.metadata() or {}
+            return json.loads(metadata["glm_config"]) if "glm_config" in metadata else None
+        return None
+
+
+def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """``(name, tensor)`` for this tensor-parallel rank's slice of every weight, file by file."""
+    if source.kind == "hf":
+        for path in source.files:
+            reader = _Reader(path)
+            for name in list(reader.keys()):
+                yield name, reader.get(name, tp_size, tp_rank)
+            del reader
+        return
+    s, t = source.mp_size, tp_size
+    if s == t:
+        reader = _Reader(source.files[tp_rank])
+        for name in list(reader.keys()):
+            yield name, reader.get(name)
+    elif s % t == 0:  # merge s/t consecutive source ranks into this rank's slice
+        group = s // t
+        readers = [_Reader(source.files[tp_rank * group + i]) for i in range(group)]
+        for name in list(readers[0].keys()):
+            yield name, merge_slices(name, [r.get(name) for r in readers])
+    elif t % s == 0:  # split one source rank's slice further
+        group = t // s
+        reader = _Reader(source.files[tp_rank // group])
+        for name in list(reader.keys()):
+            yield name, take_slice(name, reader.get(name), group, tp_rank % group)
+    else:  # neither divides: merge everything, then take this rank's slice
+        readers = [_Reader(f) for f in source.files]
+        for name in list(readers[0].keys()):
+            yield name, take_slice(name, merge_slices(name, [r.get(name) for r in readers]), t, tp_rank)
+
+
+# ---- the architecture ------------------------------------------------------------------------------
+def source_config(source: WeightSource, overrides: dict | None = None):
+    """A ``GLMPretrainedConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
+    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMConfig
+
+    overrides = dict(overrides or {})
+    if source.config is not None:
+        fields = {k: v for k, v in source.config.items() if not k.startswith("_")}
+        fields.pop("architectures", None)
+        fields.pop("auto_map", None)
+        config = GLMPretrainedConfig(**fields)
+    else:
+        first = _Reader(source.files[0])
+        embedded = first.config()
+        if embedded is None and source.kind == "megatron":
+            checkpoint = _torch_load(source.files[0])
+            embedded = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
+        if embedded is not None:
+            config = GLMPretrainedConfig.from_glm_config(GLMConfig(**embedded))
+        else:
+            config = _config_from_shapes(first, source.mp_size, overrides.pop("num_attention_heads", None))
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
+    """Upstream's files carry no architecture: read it off the shapes (heads: 64-wide, as every GLM release)."""
+    from glm_port.models.glm.hf import GLMPretrainedConfig
+
+    names = set(reader.keys())
+    if "word_embeddings.weight" not in names:
+        raise WeightsError(f"{reader.path}: no word_embeddings.weight, not a GLM checkpoint")
+    rows, hidden = reader.shape("word_embeddings.weight")
+    layers = 1 + max(int(m.group(1)) for n in names if (m := re.match(r"transformer\.layers\.(\d+)\.", n)))
+    block = "transformer.block_position_embeddings.weight" in names
+    positions = reader.shape("transformer.position_embeddings.weight")[0] - (1 if block else 0)
+    return GLMPretrainedConfig(num_layers=layers, vocab_size=rows * mp_size, hidden_size=hidden,
+                               num_attention_heads=heads or max(1, hidden // 64), max_sequence_length=positions,
+                               block_position_encoding=block)
+
+
+# ---- loading into a model --------------------------------------------------------------------------
+def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size: int = 1, tp_rank: int = 0,
+               assign: Callable | None = None) -> None:
+    """Read ``source`` into ``model`` (a ``GLMForConditionalGeneration``), tensor by tensor, checking keys
+    and shapes; ``assign(name, tensor)`` places a tensor (default: replaces the parameter)."""
+    expected = {_strip(k): v for k, v in model.state_dict().items()}
+    seen = set()
+    for name, tensor in iter_tensors(source, tp_size, tp_rank):
+        if name not in expected:
+            raise WeightsError(f"{source.path}: unexpected weight {name} (not a GLM of this architecture?)")
+        want = expected[name]
+        local_shape = list(torch.to_local(want).shape)
+        if list(tensor.shape) != local_shape:
+            raise WeightsError(f"{source.path}: {name} is {list(tensor.shape)} there, {local_shape} in the model "
+                               f"(config.json, or the tensor-parallel size {tp_size}, does not fit)")
+        tensor = tensor.to(device=device or "cpu", dtype=dtype if tensor.is_floating_point() and dtype else None)
+        if tensor.device.type == "cpu" and not tensor.is_contiguous() or _is_mapped(tensor):
+            tensor = tensor.contiguous().clone()
+        (assign or _assign_parameter)(model, HF_PREFIX + name, tensor)
+        seen.add(name)
+    missing = [k for k in expected if k not in seen]
+    if missing:
+        raise WeightsError(f"{source.path}: missing {len(missing)} weight(s) the model needs, e.g. {missing[0]}")
+
+
+def _is_mapped(tensor) -> bool:
+    # A tensor still backed by the file mapping: copy it, so the model owns its memory.
+    try:
+        return not tensor.untyped_storage().resizable()
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _assign_parameter(model, qualified: str, tensor) -> None:
+    module_name, _, leaf = qualified.rpartition(".")
+    module = model.get_submodule(module_name)
+    old = getattr(module, leaf)
+    if isinstance(old, torch.nn.Parameter):
+        setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=False))
+    else:
+        module._buffers[leaf] = tensor
+
+
+def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **overrides):
+    """``cls.from_pretrained``: build on the meta device, fill from ``path``, return it in eval mode.
+
+    ``tensor_parallel`` (an object with ``size`` and ``rank``; the layout already set up by shim's
+    ``setup_dist_util``): the model is built with its layers split, and each rank reads and copies in only
+    its own slices (Megatron's layout, which shim's split layers hold locally).
+    """
+    source = find_source(path)
+    config = source_config(source, overrides)
+    tp_size = getattr(tensor_parallel, "size", 1)
+    tp_rank = getattr(tensor_parallel, "rank", 0)
+    dtype = _dtype(dtype)
+    if tp_size == 1:
+        with torch.device("meta"):
+            model = cls(config)
+        load_state(model, source, dtype=dtype, device=device, tp_size=1, tp_rank=0)
+    else:
+        # DTensor parameters cannot be swapped for plain tensors: build them split, copy the slices in.
+        with torch.device(device or "cpu"):
+            model = cls(config)
+        load_state(model, source, dtype=None, device=device, tp_size=tp_size, tp_rank=tp_rank, assign=_copy_local)
+        if dtype is not None:
+            model.to(dtype)
+    model.eval()
+    model.source = source
+    return model
+
+
+def _copy_local(model, qualified: str, tensor) -> None:
+    target = model.get_parameter(qualified) if qualified in dict(model.named_parameters()) else \
+        model.get_buffer(qualified)
+    with torch.no_grad():
+        torch.to_local(target).copy_(tensor)
+
+
+def _dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+             "fp16": torch.float16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; choose fp32, bf16 or fp16")
+    return names[dtype]
+
+
+# ---- writing (tests, benches, conversion) ----------------------------------------------------------
+def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, prefix: str = HF_PREFIX,
+            safetensors: bool = True) -> Path:
+    """A Hugging Face GLM directory: ``config.json`` and the weights, sharded with an index when
+    ``shards > 1``. Written to a temporary name and renamed, so a failure leaves nothing half-written."""
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    state = {prefix + _strip(k): v.contiguous() for k, v in model_state.items()}
+    names = list(state)
+    groups = [names[i::shards] for i in range(shards)]
+    ext = "safetensors" if safetensors else "bin"
+    base = "model" if safetensors else "pytorch_model"
+    if shards == 1:
+        _write_weights({k: state[k] for k in names}, tmp / f"{base}.{ext}", safetensors)
+    else:
+        weight_map = {}
+        for i, group in enumerate(groups):
+            file = f"{base}-{i + 1:05d}-of-{shards:05d}.{ext}"
+            _write_weights({k: state[k] for k in group}, tmp / file, safetensors)
+            weight_map.update({k: file for k in group})
+        index = {"metadata": {}, "weight_map": weight_map}
+        (tmp / f"{base}.{ext}.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if directory.exists():
+        import shutil
+
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+def _write_weights(tensors: dict, path: Path, safetensors: bool) -> None:
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu() for k, v in tensors.items()}, str(path))
+    else:
+        torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)

@@ -1,0 +1,99 @@
+"""glm-generate: text and JSON output, prompts from a file / stdin / JSON lines, a glm-pretrain --save
+directory, and bad input as one line with exit status 2."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glm_port import GLMConfig, GLMModel
+from glm_port.checkpoint_io import save_checkpoint
+from glm_port.data.tokenization import tiny_wordpiece
+from glm_port.generation import cli
+from glm_port.models.glm.blanks import fill_blanks
+from glm_port.models.glm.hf import GLMForConditionalGeneration
+from glm_port.models.glm.tokenizer import GLMTokenizer
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """What ``glm-pretrain --save`` writes, for a tiny GLM on the built-in tokenizer."""
+    path = tmp_path_factory.mktemp("ckpt")
+    vocab = tiny_wordpiece()
+    config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=2, hidden_size=64, num_attention_heads=4,
+                       max_sequence_length=32, init_method_std=0.3)
+    torch.manual_seed(0)
+    save_checkpoint(path, 7, GLMModel(config).state_dict(), config=config)
+    return path
+
+
+def run(argv, stdin=""):
+    out, err = io.StringIO(), io.StringIO()
+    args = cli.build_parser().parse_args(argv)
+    old = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        cli.run(args, out=out, err=err)
+    finally:
+        sys.stdin = old
+    return out.getvalue(), err.getvalue()
+
+
+def test_json_output_is_fill_blanks(checkpoint):
+    prompts = ["the cat sat on the [MASK] .", "one [MASK] two [MASK] three", "language models"]
+    out, err = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "5", *prompts])
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["prompt"] for r in records] == prompts
+    model = GLMForConditionalGeneration.from_pretrained(checkpoint)
+    expected = fill_blanks(model, GLMTokenizer(tiny_wordpiece()), prompts, max_new_tokens=5)
+    assert [r["generated_ids"] for r in records] == [f.spans for f in expected]
+    assert [r["text"] for r in records] == [f.text for f in expected]
+    assert len(records[1]["generated_ids"]) == 2
+    assert "tokens/s" in err and "time to first token" in err
+
+
+def test_text_output_and_prompt_sources(checkpoint, tmp_path):
+    file = tmp_path / "prompts.jsonl"
+    file.write_text('{"prompt": "a [MASK] b"}\n\nplain text line\n')
+    out, _ = run(["--model", str(checkpoint), "--input", str(file), "--max-new-tokens", "3"])
+    blocks = out.strip().split("\n\n")
+    assert len(blocks) == 2
+    marked, text = blocks[0].split("\n")
+    assert marked.startswith("[CLS] a [MASK] b") and "<|startofpiece|>" in marked
+    stdin_out, _ = run(["--model", str(checkpoint), "--max-new-tokens", "3"], stdin="a [MASK] b\n")
+    assert stdin_out.split("\n\n")[0] == blocks[0]
+
+
+def test_beams_and_return_sequences(checkpoint):
+    out, _ = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "4", "--num-beams", "3",
+                  "--num-return-sequences", "2", "x [MASK] y"])
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["sequence"] for r in records] == [0, 1]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "{tmp}/none", "a"], "no such file or directory"),
+    (["--model", "{tmp}", "a"], "holds no GLM weights"),
+    (["--model", "{ckpt}", " ".join(["word"] * 40)], "longer than the model's 32 positions"),
+    (["--model", "{ckpt}", "--input", "{tmp}/bad.jsonl"], "bad.jsonl line 1: not valid JSON"),
+    (["--model", "{ckpt}", "--num-return-sequences", "2", "a"], "needs --num-beams"),
+    (["--model", "{ckpt}", "--max-new-tokens", "0", "a"], "--max-new-tokens must be at least 1"),
+])
+def test_bad_input_is_one_line_exit_2(checkpoint, tmp_path, capsys, argv, message):
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    argv = [a.format(tmp=tmp_path, ckpt=checkpoint) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("glm-generate: error:") and message in err and "\n" not in err
+
+
+def test_module_entry_point_runs(checkpoint):
+    done = subprocess.run([sys.executable, "-m", "glm_port.generate", "--model", str(checkpoint),
+                           "--max-new-tokens", "2", "a [MASK]"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "<|startofpiece|>" in done.stdout
