@@ -6,8 +6,8 @@
 The checkout is copied to a scratch directory and migrated there. The migrated
 tree is checked statically (what the ``[[forbid]]`` tables of ``rules/`` list: no apex
 import left, no ``mpu.vocab_parallel_cross_entropy`` call outside ``mpu/``; every file
-compiles, data files byte for byte, a second migration changes nothing). Then, for each mode, upstream's ``pretrain_glm.py``
-trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
+compiles, data files byte for byte, a second migration changes nothing). Then, for each
+mode, upstream's ``pretrain_glm.py`` trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
 the original under ``glm-mock``, the migrated tree with no mock and with apex and
 DeepSpeed unimportable (``harness.without``), installed or not. The ``lm loss``
 each prints per iteration (``X.XXXXXXE+00``, 7 significant digits) must agree

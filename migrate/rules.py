@@ -15,7 +15,6 @@ Everything is validated on load; a malformed entry is a :class:`RuleError` namin
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
