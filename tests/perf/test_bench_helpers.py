@@ -79,3 +79,17 @@ def test_fp16_iterations_whose_loss_scale_fell_are_left_out():
     assert run.skipped_after(2) == 2 and run.median_ms(2) == 101  # 92 and 70 skipped their step
     no_scale = bench.iteration_times(" iteration 1/ 1 | elapsed time per iteration (ms): 5.0 | lm loss 1.0 |")
     assert no_scale == ([5.0], [False])
+
+
+BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_bench_is_a_module_of_the_bench_package(name):
+    """Each bench imports as ``bench.NAME`` (no sys.path edits) and its docstring shows ``python -m bench.NAME``."""
+    import importlib
+
+    module = importlib.import_module(f"bench.{name}")
+    assert callable(module.main)
+    assert f"python -m bench.{name}" in module.__doc__
+    assert "sys.path.insert" not in (ROOT / "bench" / f"{name}.py").read_text()
