@@ -48,10 +48,11 @@ class FinetuneError(ValueError):
 
 
 def _default_run(args, argv) -> bool:
-    """No model and no data named: the embedded toy task, with its own defaults for flags left unset."""
-    if args.model_name_or_path or args.train_file or args.eval_file or args.test_file:
-        return False
+    """No model, no data and no --do_train/--do_predict named: the embedded toy task, with its own defaults
+    for the flags left unset."""
     given = {a.split("=")[0].lstrip("-") for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+    if args.model_name_or_path or args.train_file or args.eval_file or args.test_file or given & {"do_train", "do_predict"}:
+        return False
     for name, value in TOY_FLAGS.items():
         if name not in given:
             setattr(args, name, value)
@@ -106,8 +107,9 @@ def _apply_lora(args, glm: GLMModel):
         try:
             return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train)
         except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
-            first = str(error).strip().splitlines()[0]
-            raise FinetuneError(f"--lora_path {path} was made for another base model: {first}") from None
+            lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+            detail = next((line for line in lines if "size mismatch" in line or "Missing" in line), lines[0])
+            raise FinetuneError(f"--lora_path {path} was made for another base model: {detail}") from None
     names = {name.rsplit(".", 1)[-1] for name, _ in glm.named_modules()}
     missing = [m for m in args.lora_target_modules if m not in names]
     if missing:
@@ -182,7 +184,9 @@ def generate_targets(session: Session, args, samples: list[Encoded]) -> list[str
     search = dict(max_new_tokens=args.tgt_length, num_beams=args.num_beams, length_penalty=args.length_penalty,
                   no_repeat_ngram_size=args.no_repeat_ngram_size, min_new_tokens=args.min_tgt_length,
                   eos_token_id=[tokenizer.eop_token_id, tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                  do_sample=args.select_topk, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+                  do_sample=args.select_topk)
+    if args.select_topk:
+        search.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
     texts = []
     for start in range(0, len(samples), args.per_device_eval_batch_size):
         chunk = samples[start:start + args.per_device_eval_batch_size]
@@ -347,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"in {output_dir}/", flush=True)
         _check_inputs(args)
         session = setup(args)
+        output_dir.mkdir(parents=True, exist_ok=True)
         train_samples = _cached_encoding(args, session.tokenizer, args.train_file, output_dir) if args.do_train else []
         eval_data = None
         if args.do_eval:
@@ -371,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
             _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
             _write_json(output_dir / "eval_results.json", scores)
         if args.do_predict and env.is_main:
-            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field)
+            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field,
+                               require_target=False)
             samples = encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length, with_targets=False)
             _write_predictions(output_dir / "test_predictions.jsonl", pairs, generate_targets(session, args, samples))
         if env.is_main:

@@ -19,6 +19,8 @@ import torch
 
 from shim._device import active_device
 
+__all__ = ["TENSOR_METHODS", "device_kwarg_mapped", "factory_names", "load_mapped", "means_cuda", "module_cuda", "tensor_cuda", "to_mapped"]
+
 
 def means_cuda(device) -> bool:
     """True for 'cuda', 'cuda:1', torch.device('cuda') and a bare int index (torch reads it as CUDA)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["FusedLayerNorm", "MixedFusedLayerNorm"]
+
 
 class FusedLayerNorm(torch.nn.LayerNorm):
     def __init__(

@@ -108,7 +108,7 @@ def run_checks(checks: dict, world_size: int = 2) -> CheckResults:
     """Run every ``check()`` (module-level functions) on ``world_size`` gloo ranks, in one launch.
 
     Checks run in the given order on all ranks; each may call collectives and
-    ``setup_dist_util``. A crash or hang fails every check with the reason.
+    ``setup_layout``. A crash or hang fails every check with the reason.
     """
     if dist.is_initialized():
         return CheckResults(_run_in_clean_interpreter(checks, world_size))
@@ -128,7 +128,7 @@ def world_of_one():
 
     sdist.init_process_group("gloo")
     yield
-    sdist.reset_dist_util()
+    sdist.reset_layout()
     dist.destroy_process_group()
 
 

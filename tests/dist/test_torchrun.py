@@ -9,7 +9,7 @@ from ..conftest import free_port
 SCRIPT = os.path.join(os.path.dirname(__file__), "torchrun_script.py")
 
 
-def test_setup_dist_util_under_torchrun():
+def test_setup_layout_under_torchrun():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(  # torchrun itself, as the module its console script runs
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),

@@ -41,7 +41,9 @@ ALIAS = textwrap.dedent(
 def test_megatron_mpu_test_passes_on_shim_mpu(script, tmp_path):
     (tmp_path / "mpu").mkdir()
     (tmp_path / "mpu" / "__init__.py").write_text(ALIAS)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), TESTS]), "OMP_NUM_THREADS": "1"}
+    # the caller's PYTHONPATH stays last, so a checkout on it is the shim under test
+    path = [str(tmp_path), TESTS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
          "--master_port", str(free_port()), os.path.join(TESTS, script)],

@@ -100,7 +100,8 @@ class GLMTokenizer:
         if not path.exists():
             raise FileNotFoundError(f"tokenizer path does not exist: {path}")
         kind = tokenizer_type or _detect_type(path)
-        vocab = vocabularies.get_tokenizer(kind, path)
+        # The built-in vocabulary (glm-pretrain's and glm-finetune's default) is rebuilt, not read.
+        vocab = vocabularies.get_tokenizer(kind, None if kind == vocabularies.DEFAULT_TOKENIZER else path)
         tokenizer = cls(vocab)
         added = path / "added_tokens.json" if path.is_dir() else None
         if added is not None and added.is_file():
@@ -292,7 +293,7 @@ def _detect_type(path: Path) -> str:
         name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
         if name in _HF_CLASSES:
             return _HF_CLASSES[name]
-        if name in _HF_CLASSES.values():
+        if name in _HF_CLASSES.values() or name == vocabularies.DEFAULT_TOKENIZER:
             return name
     if list(path.glob("*.model")):
         return "ChineseSPTokenizer"
