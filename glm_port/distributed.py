@@ -1,7 +1,7 @@
 """Where a run's ranks sit: device, data-parallel and tensor-parallel groups (any model family).
 
 ``ParallelEnv`` reads the launcher's environment (``torchrun``: RANK, WORLD_SIZE, LOCAL_RANK), starts
-the process group and lays the ranks out with shim's mesh (``setup_dist_util``): tensor-parallel
+the process group and lays the ranks out with shim's mesh (``setup_layout``): tensor-parallel
 neighbours adjacent, data parallel across. In one process with no launcher nothing is started.
 
 Models declare how their layers split (shim's ``Linear1D`` / ``VocabParallelEmbedding``); the layout
@@ -53,7 +53,7 @@ class ParallelEnv:
         started = not dist.is_initialized()
         if started:
             dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
-        layout = dist.setup_dist_util(tensor_parallel_size=tensor_parallel_size)
+        layout = dist.setup_layout(tensor_parallel_size=tensor_parallel_size)
         return cls(
             device,
             tp_size=tensor_parallel_size, tp_rank=layout.tensor_parallel_rank,
@@ -69,7 +69,7 @@ class ParallelEnv:
 
     def seed_tracker(self, seed: int) -> None:
         if self.tp_size > 1:
-            torch.checkpointing.model_parallel_cuda_manual_seed(seed)
+            torch.recompute.model_parallel_cuda_manual_seed(seed)
 
     @property
     def _syncs_gradients_itself(self) -> bool:
@@ -87,11 +87,7 @@ class ParallelEnv:
         if not self._syncs_gradients_itself:
             return
         grads = [torch.to_local(p.grad) for p in parameters if p.grad is not None]
-        flat = torch.cat([grad.reshape(-1) for grad in grads])  # one all-reduce for the whole model
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.dp_size
-        for grad, synced in zip(grads, flat.split([grad.numel() for grad in grads])):
-            grad.copy_(synced.view_as(grad))
+        dist.all_reduce_flat(grads, group=self.dp_group, average=True)  # one collective for the whole model
 
     def clip_grad_norm(self, parameters, max_norm: float):
         """Clip by the norm of the whole model's gradient, shards counted once."""

@@ -257,6 +257,9 @@ def _check_inputs(args) -> None:
         path = getattr(args, flag)
         if path and not Path(path).is_file():
             raise FinetuneError(f"--{flag} {path}: no such file")
+    if (args.lora or args.lora_path) and args.tensor_parallel_degree > 1:
+        raise FinetuneError("--lora with --tensor_parallel_degree > 1 is not supported yet (PEFT's adapters are "
+                            "not split); use data parallel (torchrun without --tensor_parallel_degree)")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")
@@ -273,7 +276,8 @@ def setup(args) -> Session:
     return Session(env, model, glm, glm.config, tokenizer, Path(args.output_dir))
 
 
-def train(args, session: Session, train_samples, eval_data) -> None:
+def train(args, session: Session, train_samples, eval_data) -> int:
+    """Train to the last step; returns it."""
     env, model = session.env, session.model
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * env.dp_size
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(train_samples) / per_step)
@@ -309,29 +313,40 @@ def train(args, session: Session, train_samples, eval_data) -> None:
                         writer=env.dp_rank == 0)
 
     def periodic_eval(step: int) -> None:
-        scores, predictions = evaluate(session, args, *eval_data)
+        scores, predictions = evaluate(session, args, *eval_data)  # every rank: the model is split over them
         model.train()
         if env.is_main:
             _print_scores(scores, step)
-            if scores["rouge-l"] > best["rouge-l"]:
-                best.update(scores, step=step)
-                save_model(args, session, session.output_dir / "best")
+        if scores["rouge-l"] > best["rouge-l"]:
+            best.update(scores, step=step)
+            save_model(args, session, session.output_dir / "best", step)
+            if env.is_main:
                 _write_json(session.output_dir / "best" / "eval_results.json", best)
 
     periodic = [(args.save_steps, save)]
     if args.do_eval and args.eval_steps:
         periodic.append((args.eval_steps, periodic_eval))
-    loop.run(stream, iteration, periodic)
+    return loop.run(stream, iteration, periodic)
 
 
-def save_model(args, session: Session, directory: Path) -> None:
+def save_model(args, session: Session, directory: Path, step: int) -> None:
     """The finetuned model where glm-generate and ``from_pretrained`` read it: the PEFT adapter alone (LoRA,
-    unless --merge_lora), else the merged weights with config and tokenizer files."""
+    unless --merge_lora), else the weights with config and tokenizer files. Under tensor parallel (every
+    rank calls this) each rank writes its shard in upstream's ``mp_rank_XX`` layout; ``glm-merge`` or
+    ``from_pretrained`` at any tensor-parallel size merges them."""
     from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
     from glm_port.models.glm.tokenizer import GLMTokenizer
 
+    env, model = session.env, session.model
+    if env.tp_size > 1:
+        save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
+                        tp_rank=env.tp_rank, writer=env.dp_rank == 0)
+        if env.is_main:
+            GLMTokenizer(session.tokenizer).save_pretrained(directory)
+        return
+    if not env.is_main:
+        return
     directory.mkdir(parents=True, exist_ok=True)
-    model = session.model
     if hasattr(model, "peft_config") and not args.merge_lora:
         model.save_pretrained(str(directory))
         return
@@ -360,26 +375,30 @@ def main(argv: list[str] | None = None) -> None:
     except (FinetuneError, DataError, CheckpointError, OSError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    try:
+    try:  # every rank runs each part (the model may be split over them); rank 0 writes the files
         env = session.env
-        if args.do_eval and env.is_main and args.do_train:
+        if args.do_eval and args.do_train:
             scores, _ = evaluate(session, args, *eval_data)
-            _print_scores(scores, 0)
-        if args.do_train:
-            train(args, session, train_samples, eval_data)
             if env.is_main:
-                save_model(args, session, output_dir / "final")
+                _print_scores(scores, 0)
+        if args.do_train:
+            steps = train(args, session, train_samples, eval_data)
+            save_model(args, session, output_dir / "final", steps)
+            if env.is_main:
                 print(f" > saved the finetuned model to {output_dir / 'final'}", flush=True)
-        if args.do_eval and env.is_main:
+        if args.do_eval:
             scores, predictions = evaluate(session, args, *eval_data)
-            _print_scores(scores, None)
-            _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
-            _write_json(output_dir / "eval_results.json", scores)
-        if args.do_predict and env.is_main:
+            if env.is_main:
+                _print_scores(scores, None)
+                _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
+                _write_json(output_dir / "eval_results.json", scores)
+        if args.do_predict:
             pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field,
                                require_target=False)
             samples = encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length, with_targets=False)
-            _write_predictions(output_dir / "test_predictions.jsonl", pairs, generate_targets(session, args, samples))
+            predictions = generate_targets(session, args, samples)
+            if env.is_main:
+                _write_predictions(output_dir / "test_predictions.jsonl", pairs, predictions)
         if env.is_main:
             print(f" > results in {output_dir}/", flush=True)
     finally:

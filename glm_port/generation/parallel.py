@@ -1,7 +1,7 @@
 """Where an inference run's ranks sit: LiBai's four numbers on shim's layout.
 
 ``torchrun --nproc_per_node N -m glm_port.generate --tensor-parallel-size T --pipeline-parallel-size P``:
-shim's ``setup_dist_util`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
+shim's ``setup_layout`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
 model's layers are built split over the T tensor-parallel ranks and each rank reads its own slices of the
 weights. Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
 they pick the same tokens; sampling uses one seed, broadcast from rank 0. Data parallel splits the
@@ -54,7 +54,7 @@ class InferenceParallel:
         started = not dist.is_initialized()
         if started:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        layout = dist.setup_dist_util(tensor_parallel_size=tensor_parallel_size,
+        layout = dist.setup_layout(tensor_parallel_size=tensor_parallel_size,
                                       pipeline_parallel_size=pipeline_parallel_size,
                                       pipeline_num_layers=pipeline_num_layers)
         return cls(device, layout, started)

@@ -141,6 +141,16 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
         assert parallel[step] == pytest.approx(loss, rel=1e-4), step
-    # Each rank saved its shard of the last step, in upstream's per-rank layout, with the config.
-    shards = sorted((tmp_path / "tp" / "checkpoints" / "4").glob("mp_rank_*_model_states.pt"))
+    # Each rank saved its shard in upstream's per-rank layout, with the config; loaded at tensor-parallel
+    # size 1 (the shards merged by Megatron's rules) it gives the one-process model's logits.
+    shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
     assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    from glm_port import GLMForConditionalGeneration
+
+    merged = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "final").glm.eval()
+    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
+                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)

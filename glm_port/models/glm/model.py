@@ -92,7 +92,7 @@ class SelfAttention(nn.Module):
     def _dropout_rng(self):
         """With heads split over ranks, attention dropout draws from the per-rank stream, as Megatron's
         ``get_cuda_rng_tracker().fork()``; otherwise from the default generator."""
-        return torch.checkpointing.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
+        return torch.recompute.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
@@ -165,7 +165,7 @@ class GLMTransformer(nn.Module):
             layers = self.layers[start:start + chunk]
             layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
             if self._checkpointing():
-                hidden = torch.checkpointing.checkpoint(
+                hidden = torch.recompute.checkpoint(
                     _run_layers(layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
                 )
             else:
@@ -186,7 +186,7 @@ class GLMTransformer(nn.Module):
 
     def _checkpoint_policy(self):
         """None (recompute everything but the chunk's input) or the selective policy."""
-        return torch.checkpointing.save_matmuls if self.config.checkpoint_policy == "selective" else None
+        return torch.recompute.save_matmuls if self.config.checkpoint_policy == "selective" else None
 
     def _update_mems(self, hiddens, mems, return_memory):
         """Keep the last ``max_memory_length`` positions of ``[old mems; new hidden states]`` per layer."""

@@ -383,7 +383,7 @@ def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **ov
     """``cls.from_pretrained``: build on the meta device, fill from ``path``, return it in eval mode.
 
     ``tensor_parallel`` (an object with ``size`` and ``rank``; the layout already set up by shim's
-    ``setup_dist_util``): the model is built with its layers split, and each rank reads and copies in only
+    ``setup_layout``): the model is built with its layers split, and each rank reads and copies in only
     its own slices (Megatron's layout, which shim's split layers hold locally).
     """
     source = find_source(path)
