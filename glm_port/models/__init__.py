@@ -28,6 +28,8 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
                   generation="glm_port.models.glm.generation"),
+    "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
+                       generation="glm_port.models.chatglm2.generation"),
 }
 
 

@@ -23,6 +23,7 @@ class GLMConfig:
     output_dropout_prob: float = 0.1  # --hidden-dropout
     layernorm_epsilon: float = 1e-5  # --layernorm-epsilon
     init_method_std: float = 0.02
+    intermediate_size: int | None = None  # --intermediate-size: the MLP's inner width; None = 4 * hidden_size
     max_memory_length: int = 0  # --mem-length (Transformer-XL style memory; 0 = off)
     block_position_encoding: bool = True  # 2D positions (--block-lm)
     checkpoint_activations: bool = False  # --checkpoint-activations
@@ -47,9 +48,16 @@ class GLMConfig:
             )
         if self.checkpoint_policy not in ("full", "selective"):
             raise ValueError(f"checkpoint_policy must be 'full' or 'selective', not {self.checkpoint_policy!r}")
+        if self.intermediate_size is not None and self.intermediate_size <= 0:
+            raise ValueError(f"intermediate_size must be positive, got {self.intermediate_size}")
         for name in ("vocab_size", "num_layers", "hidden_size", "num_attention_heads", "max_sequence_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        """The MLP's inner width: ``intermediate_size``, else upstream's 4 * hidden_size."""
+        return self.intermediate_size or 4 * self.hidden_size
 
     @property
     def head_dim(self) -> int:

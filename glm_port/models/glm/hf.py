@@ -40,7 +40,7 @@ class GLMPretrainedConfig(PretrainedConfig):
                  embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
                  max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
                  attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
-                 spell_length=None, **kwargs):
+                 spell_length=None, intermediate_size=None, **kwargs):
         self.num_layers = num_layers
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -56,6 +56,7 @@ class GLMPretrainedConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.attention_impl = attention_impl
         self.spell_length = spell_length
+        self.intermediate_size = intermediate_size  # None: 4 * hidden_size (upstream's --intermediate-size)
         kwargs.setdefault("tie_word_embeddings", True)
         super().__init__(**kwargs)
 
@@ -72,7 +73,7 @@ class GLMPretrainedConfig(PretrainedConfig):
             embedding_dropout_prob=self.embedding_dropout_prob, attention_dropout_prob=self.attention_dropout_prob,
             output_dropout_prob=self.output_dropout_prob, layernorm_epsilon=self.layernorm_epsilon,
             init_method_std=self.initializer_range, block_position_encoding=self.block_position_encoding,
-            attention_impl=self.attention_impl,
+            attention_impl=self.attention_impl, intermediate_size=self.intermediate_size,
         )
 
     @classmethod
@@ -85,7 +86,7 @@ class GLMPretrainedConfig(PretrainedConfig):
             attention_dropout_prob=fields["attention_dropout_prob"],
             output_dropout_prob=fields["output_dropout_prob"], layernorm_epsilon=fields["layernorm_epsilon"],
             initializer_range=fields["init_method_std"], block_position_encoding=fields["block_position_encoding"],
-            attention_impl=fields["attention_impl"], **kwargs,
+            attention_impl=fields["attention_impl"], intermediate_size=fields["intermediate_size"], **kwargs,
         )
 
 

@@ -96,13 +96,13 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """h -> 4h, tanh GELU, 4h -> h; returns ``residual + dropout(mlp(x))``."""
+    """h -> 4h (or ``intermediate_size``), tanh GELU, back to h; returns ``residual + dropout(mlp(x))``."""
 
     def __init__(self, config: GLMConfig, output_init):
         super().__init__()
-        h = config.hidden_size
-        self.dense_h_to_4h = _column(h, 4 * h, _normal_(config.init_method_std))
-        self.dense_4h_to_h = _row(4 * h, h, output_init)
+        h, inner = config.hidden_size, config.ffn_hidden_size
+        self.dense_h_to_4h = _column(h, inner, _normal_(config.init_method_std))
+        self.dense_4h_to_h = _row(inner, h, output_init)
         self.dropout = config.output_dropout_prob
 
     def forward(self, x, residual):
