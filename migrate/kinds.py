@@ -57,14 +57,24 @@ class KindSpec:
     mock: Mock
     reported: str | None  # None: rewritten; else the report list it goes to ("unconverted", "kept")
     text: str  # its column in docs/rules.md
+    args: frozenset[str] = frozenset()  # the ``args`` keys a rule of this kind may set (rules/README.md)
+
+
+# ``args`` keys whose value is one word out of a few: key -> the words it may be
+ARG_CHOICES: dict[str, frozenset[str]] = {
+    "scope": frozenset({"module"}),  # call rule on the tree's own function: only its defining module keeps it
+    "receiver": frozenset({"argument"}),  # method rule: x.m(...) becomes target(x, ...)
+}
 
 
 KINDS: dict[Kind, KindSpec] = {
     Kind.MODULE: KindSpec(True, Site.NAME, Mock.MODULE, None, "module"),
     Kind.SYMBOL: KindSpec(True, Site.NAME, Mock.SYMBOL, None, "symbol"),
-    Kind.CALL: KindSpec(True, Site.CALLEE, Mock.SYMBOL_IF_PLAIN, None, "call (arguments edited)"),
-    Kind.ARGUMENT: KindSpec(True, Site.CALLEE, Mock.NOT_COVERED, None, "argument value"),
-    Kind.METHOD: KindSpec(True, Site.METHOD, Mock.IGNORED, None, "method call"),
+    Kind.CALL: KindSpec(True, Site.CALLEE, Mock.SYMBOL_IF_PLAIN, None, "call (arguments edited)",
+                        frozenset({"signature", "rename", "drop", "strip_methods", "add", "scope"})),
+    Kind.ARGUMENT: KindSpec(True, Site.CALLEE, Mock.NOT_COVERED, None, "argument value", frozenset({"keyword"})),
+    Kind.METHOD: KindSpec(True, Site.METHOD, Mock.IGNORED, None, "method call",
+                          frozenset({"signature", "rename", "drop", "method", "receiver"})),
     Kind.UNSUPPORTED: KindSpec(False, Site.NAME, Mock.NOT_COVERED, "unconverted", "unsupported (reported)"),
     Kind.REPORT: KindSpec(False, Site.NAME, Mock.NOT_COVERED, "kept", "kept (reported)"),
 }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.kinds import KINDS, Kind, KindSpec, Site
+from migrate.kinds import ARG_CHOICES, KINDS, Kind, KindSpec, Site
 from migrate.rulefiles import RuleError, parsed_files, rules_dir
 
 __all__ = ["Forbid", "MockDefined", "MockScope", "Rule", "RuleError", "RuleSet", "Tables", "load_rules",
@@ -136,8 +136,16 @@ def _parse(path: Path, data: dict) -> Tables:
             raise RuleError(f"{where}: kind {entry['kind']!r} needs a target")
         if entry.get("safety", "safe") not in SAFETY:
             raise RuleError(f"{where}: safety must be one of {sorted(SAFETY)}")
-        if not isinstance(entry.get("args", {}), dict):
+        args = entry.get("args", {})
+        if not isinstance(args, dict):
             raise RuleError(f"{where}: args must be a table")
+        allowed = KINDS[Kind(entry["kind"])].args
+        if args.keys() - allowed:
+            raise RuleError(f"{where}: args {sorted(args.keys() - allowed)} not known for kind {entry['kind']!r}"
+                            f" (known: {sorted(allowed)})")  # fmt: skip
+        for key, words in ARG_CHOICES.items():
+            if key in args and args[key] not in words:
+                raise RuleError(f"{where}: args.{key} must be one of {sorted(words)}")
         rules.append(Rule(**entry, source=path.name))
     forbid = []
     for where, entry in _entries(path, data, "forbid"):

@@ -20,7 +20,10 @@ Where an upstream name lives:
 
 - apex: ``FusedAdam`` / ``FusedSGD`` in ``shim.optim`` (:mod:`shim.optim.fused`);
   ``FusedLayerNorm`` / ``MixedFusedLayerNorm`` in ``shim.nn`` (:mod:`shim.nn.normalization`);
-  ``parallel.DistributedDataParallel`` in ``shim.distributed`` (:mod:`shim.distributed.ddp`).
+  ``parallel.DistributedDataParallel`` in ``shim.distributed`` (:mod:`shim.distributed.ddp`);
+  ``multi_tensor_applier`` in :mod:`shim.apex.multi_tensor_apply`, ``amp_C`` is :mod:`shim.kernels.amp_C`;
+  ``FusedRMSNorm``, ``FastLayerNorm``, ``FusedDense``, ``FusedScaleMaskSoftmax`` in ``shim.nn``.
+- Megatron's CUDA extensions (``scaled_masked_softmax_cuda``...) and ``fused_kernels.load``: :mod:`shim.kernels`.
 - DeepSpeed: :mod:`shim.deepspeed` (``init_distributed``, its flags); ``deepspeed.checkpointing``
   is :mod:`shim.checkpointing` (= :mod:`shim.recompute`); ``DeepSpeedCPUAdam`` in ``shim.optim``.
 - Megatron: ``mpu`` is :mod:`shim.mpu`.

@@ -49,7 +49,8 @@ LAYERS = {
         # torch-shaped: torch's module of the same name plus shim's additions
         ("shim.compat", "shim.cuda", "shim.optim", "shim.nn", "shim.distributed"),
         # upstream surfaces with no torch counterpart, one module each
-        ("shim.recompute", "shim.checkpointing", "shim.mpu", "shim.deepspeed", "shim.global_tensor", "shim.sbp"),
+        ("shim.recompute", "shim.checkpointing", "shim.mpu", "shim.deepspeed", "shim.global_tensor", "shim.sbp",
+         "shim.kernels", "shim.apex"),
         ("shim.__init__",),  # `import shim as torch`: reaches everything, lazily
     ],
 }

@@ -119,18 +119,14 @@ def generate_kwargs(args) -> dict:
 
 def detect_family(path):
     """The registry's family for the weights at ``path`` (``config.json``'s ``model_type``; GLM without one)."""
-    from glm_port.models import FAMILIES, family_for
+    from glm_port.models import family_at
 
-    path = Path(path)
-    for directory in (path if path.is_dir() else path.parent, path.parent):
-        config = directory / "config.json"
-        if config.is_file():
-            try:
-                model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-            except json.JSONDecodeError as error:
-                raise UsageError(f"{config}: not valid JSON ({error.msg})") from None
-            return family_for(model_type) if model_type else FAMILIES["glm"]
-    return FAMILIES["glm"]
+    try:
+        return family_at(path)
+    except ValueError as error:
+        if type(error) is not ValueError:  # UnknownFamily: reported as it is
+            raise
+        raise UsageError(str(error)) from None
 
 
 class FirstTokenClock:

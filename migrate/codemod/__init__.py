@@ -9,11 +9,15 @@ offsets, so every untouched byte stays as it was, by construction.
 Steps, per file, one module each:
 
 1. bind (``context``): which import each name comes from, and what that import becomes;
-2. calls (``calls``): ``call`` rules (callee and arguments), ``argument`` and ``method`` rules (``x.cuda()``);
+2. calls (``calls``): ``call`` rules (callee and arguments), ``argument`` and ``method`` rules (``x.cuda()``),
+   and the literal name in ``importlib.import_module("name")``;
 3. references (``references``): every dotted name rooted at an import, respelled where its
    rule maps it elsewhere than the rewritten import already does;
 4. imports (``imports``): rewritten onto shim, dropped once nothing uses them, ``import shim``
    added once if needed.
+
+A call site libcst cannot take is reported at its line with its rule and why, and left as it is
+(keeping the imports it reads); the rest of the file is still migrated.
 
 ``edits`` splices the planned edits into the text. Which rule kinds exist, and where each
 applies, is the table in ``migrate.kinds``.
@@ -47,7 +51,7 @@ def migrate_source(source: str, path: str, module: str, is_package: bool, index:
         return source, report
     try:
         return FileMigration(source, tree, module, is_package, index, rules, report).run(), report
-    except RewriteError as exc:  # the file stays whole: every change or none
+    except RewriteError as exc:  # a planning bug (overlapping edits): the file stays whole
         return source, FileReport(path, error=str(exc))
 
 

@@ -12,8 +12,8 @@ import re
 
 from migrate.codemod.context import FileContext
 from migrate.kinds import Kind, Site
-from migrate.rewrite import ArgEdits, rewrite_call
-from migrate.rules import Rule
+from migrate.rewrite import ArgEdits, receiver_as_argument, rewrite_call
+from migrate.rules import Rule, mapped_name
 from migrate.scopes import Chain, Scope, dotted_parts
 
 _TEMPLATE = re.compile(r"\{([A-Za-z_][\w.]*)\}")
@@ -39,6 +39,9 @@ class CallRewrites:
                 resolved = ctx.resolve(chain)
                 if resolved is not None:
                     canonical = ctx.index.canonical(resolved[1])[0]
+                    if canonical == "importlib.import_module":
+                        self._import_module_call(call)
+                        continue
                     if self._plan_callee(call, chain, canonical, by_callee):
                         continue
             if isinstance(call.func, ast.Attribute):
@@ -72,7 +75,7 @@ class CallRewrites:
 
     # -- call: the callee and its arguments -------------------------------------
     def _call_applies(self, call: ast.Call, canonical: str, rule: Rule) -> bool:
-        return not self.ctx.defines(canonical)
+        return not self.ctx.defines(canonical, rule)
 
     def _call(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         ctx = self.ctx
@@ -85,10 +88,13 @@ class CallRewrites:
             for keyword, template in rule.args.get("add", {}).items()
         }
         edits = ArgEdits.from_rule(rule.args, add)
+        column = ctx.text.column(call)
+        render = ctx.checked(call, rule, lambda text: rewrite_call(text, edits, func=func, column=column))
+        if render is None or render(ctx.segment(call)) == ctx.segment(call):
+            return  # unrewritable (reported), or already as the rule wants it (allow_no_cuda=True given)
         ctx.consume(chain.root.id, rule.code)
         entry = ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target)
-        column = ctx.text.column(call)
-        ctx.edit(call, lambda text: rewrite_call(text, edits, func=func, column=column), [entry])
+        ctx.edit(call, render, [entry])
 
     # -- argument: a call passed as one keyword's value -------------------------
     def _argument_applies(self, call: ast.Call, canonical: str, rule: Rule) -> bool:
@@ -108,8 +114,44 @@ class CallRewrites:
         ctx = self.ctx
         if self._unmappable(call, rule):
             return
+        if rule.args.get("receiver") == "argument":  # x.type(...) -> target(x, ...)
+            func = ctx.spell(rule.target, scope, call.lineno)
+            render = ctx.checked(call, rule, lambda text: receiver_as_argument(text, func))
+            if render is not None:
+                ctx.edit(call, render, [ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target)])
+            return
         first = ctx.spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
+        render = ctx.checked(call, rule, lambda text: rewrite_call(text, edits, method=method, first=first))
+        if render is None:
+            return
         entry = ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target + "()")
-        ctx.edit(call, lambda text: rewrite_call(text, edits, method=method, first=first), [entry])
+        ctx.edit(call, render, [entry])
+
+    # -- importlib.import_module("name"): a literal name mapped as an import ----
+    def _import_module_call(self, call: ast.Call) -> None:
+        """``importlib.import_module("name")`` with a literal absolute name: the name is mapped as an
+        ``import name`` would be (Megatron loads ``fused_mix_prec_layer_norm_cuda`` this way)."""
+        ctx = self.ctx
+        if not call.args or call.keywords or len(call.args) > 1:
+            return
+        literal = call.args[0]
+        if not (isinstance(literal, ast.Constant) and isinstance(literal.value, str)) or literal.value.startswith("."):
+            return
+        name = literal.value
+        if ctx.index.is_tree_name(name):
+            return
+        rule = ctx.rules.best(name)  # a name-site rule: module, symbol, unsupported or report
+        if rule is None:
+            return
+        wanted = mapped_name(rule, name)
+        if wanted is None:
+            ctx.leave(call.lineno, rule)
+            return
+        if wanted == name:
+            return
+        quote = ctx.segment(literal)[:1]
+        after = f"{quote}{wanted}{quote}" if quote in ("'", '"') else repr(wanted)
+        ctx.change(call.lineno, rule, ctx.segment(literal), after, wanted)
+        ctx.edit(literal, lambda _text: after)

@@ -14,11 +14,19 @@ from typing import Callable
 
 import libcst as cst
 
-from migrate.codemod.edits import Edit, Lines, RewriteError
+from migrate.codemod.edits import Edit, Lines
 from migrate.index import ModuleIndex
 from migrate.report import FileReport
 from migrate.rules import Rule, RuleSet, mapped_name
 from migrate.scopes import Chain, ImportBinding, Scope, collect
+
+
+def cannot(text: str, exc: Exception) -> str:
+    """The report's reason for a site left as it is: its first line and libcst's first word on it."""
+    first = text.strip().splitlines()[0] if text.strip() else text
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    more = "..." if len(first) > 60 or "\n" in text.strip() else ""
+    return f"cannot rewrite `{first[:60]}{more}` ({reason}): left as it is"
 
 
 class FileContext:
@@ -113,11 +121,19 @@ class FileContext:
         self.consumed[name] += 1
         self.consumed_by[name] = code
 
-    def defines(self, name: str) -> bool:
+    def defines(self, name: str, rule: Rule) -> bool:
         """Whether this file is in the tree package that defines ``name``: ``mpu/`` and its own
-        tests keep calling ``mpu``'s implementation."""
-        package = name.split(".")[0]
-        return self.index.is_tree_name(name) and (self.module == package or self.module.startswith(package + "."))
+        tests keep calling ``mpu``'s implementation (``mpu.cross_entropy.f``: the package ``mpu``),
+        ``megatron/fused_kernels/`` its own ``load`` (``megatron.fused_kernels.load``: defined in a
+        package, that package) while ``megatron/initialize.py`` is migrated. A rule with
+        ``args.scope = "module"`` leaves only the defining module's own calls alone."""
+        if not self.index.is_tree_name(name):
+            return False
+        defining = self.index._tree_prefix(name)
+        if rule.args.get("scope") == "module":
+            return self.module == defining
+        package = defining if defining in self.index.packages else defining.rpartition(".")[0] or defining
+        return self.module == package or self.module.startswith(package + ".")
 
     # -- report ---------------------------------------------------------------
     def change(self, line: int, rule: Rule, before: str, after: str, target: str) -> dict:
@@ -137,19 +153,36 @@ class FileContext:
 
     # -- edits ----------------------------------------------------------------
     def edit(self, node: ast.AST, render: Callable[[str], str], entries: list[dict] = ()) -> None:
-        """Replace ``node``'s text by ``render(text)``; the result is also each entry's ``after``."""
+        """Replace ``node``'s text by ``render(text)``; the result is also each entry's ``after``.
+        A site libcst cannot take stays as it is and is reported (line, rule, why); the rest of the
+        file is still migrated."""
         start, end = self.text.span(node)
 
         def rendered(text: str) -> str:
             try:
                 result = render(text)
             except (cst.ParserSyntaxError, ValueError) as exc:
-                raise RewriteError(f"line {node.lineno}: cannot rewrite {text!r}: {exc}") from None
+                for entry in entries:
+                    if entry in self.report.changes:
+                        self.report.changes.remove(entry)
+                    self.leave(node.lineno, self.rule(entry["code"]), cannot(text, exc))
+                return text
             for entry in entries:
                 entry["after"] = result
             return result
 
         self.edits.append(Edit(start, end, rendered))
+
+    def checked(self, node: ast.AST, rule: Rule, render: Callable[[str], str]) -> Callable[[str], str] | None:
+        """``render``, once it has rewritten the site's own text; else None, with the site reported
+        (line, rule, why) as unconverted, before any import is dropped on its account."""
+        segment = self.segment(node)
+        try:
+            result = render(segment)
+        except (cst.ParserSyntaxError, ValueError) as exc:
+            self.leave(node.lineno, rule, cannot(segment, exc))
+            return None
+        return lambda text: result if text == segment else render(text)
 
     def segment(self, node: ast.AST) -> str:
         start, end = self.text.span(node)

@@ -27,7 +27,7 @@ class ReferenceRewrites:
             line = chain.node.lineno
             if ctx.index.is_tree_name(canonical):
                 call_rule = calls.get(canonical)
-                if call_rule is not None and not ctx.defines(canonical):
+                if call_rule is not None and not ctx.defines(canonical, call_rule):
                     ctx.leave(line, call_rule, f"used as a value, not called: not rewritten; {call_rule.note}")
                 continue
             if re_exported:

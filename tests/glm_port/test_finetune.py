@@ -154,3 +154,24 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
     with torch.no_grad():
         torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
+    """The family comes from the model: the embedded ChatGLM2 trains on ptuning/main.py's layout (the source
+    through build_prompt, loss on the answer and its </s>) and saves a directory its loader reads back."""
+    out = _run(["--model_name_or_path", "chatglm2-tiny", *QUICK, "--do_eval", "false", "--learning_rate", "1e-2",
+                "--output_dir", str(tmp_path)], capsys)
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
+    from glm_port.models.chatglm2.finetune import encode
+    from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer
+    from glm_port.finetune.datasets import Pair
+
+    assert load_pretrained(tmp_path / "final").config.model_type == "chatglm"
+    tokenizer = load_tokenizer(tmp_path / "final")
+    sample = encode(tokenizer, [Pair("红色连衣裙", "好看")], 64, 128)[0]
+    prompt = tokenizer.encode(tokenizer.build_prompt("红色连衣裙"))
+    answer = tokenizer.encode("好看", add_special_tokens=False)
+    assert sample.text.tolist() == prompt + answer + [tokenizer.eos_token_id]
+    counted = sample.target[sample.loss_mask == 1].tolist()
+    assert counted == answer + [tokenizer.eos_token_id]  # each counted position predicts the next token

@@ -45,7 +45,9 @@ _ABSENT = object()
 
 
 def _mockable(name: str) -> bool:
-    return name.split(".")[0] in ("apex", "amp_C", "deepspeed") or name == "torch._six"
+    from migrate.mock.plan import scope_of
+
+    return scope_of(name) is not None
 
 
 @pytest.fixture
