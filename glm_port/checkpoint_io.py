@@ -30,7 +30,6 @@ import numpy as np
 import shim as torch
 import shim.distributed as dist
 from glm_port.distributed import local_state_dict, tensor_parallel_size
-from glm_port.models.glm.weights import without_hf_prefix
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -213,6 +212,16 @@ def model_weights(checkpoint: dict) -> dict:
     return weights
 
 
+def _keyed_as(weights: dict, target: dict) -> dict:
+    """``weights`` keyed as the model names them: Hugging Face files nest a model under its wrapper's
+    ``base_model_prefix`` (GLM's ``glm.``), which is dropped where the rest of the key is the model's."""
+    keyed = {}
+    for key, value in weights.items():
+        inner = key.split(".", 1)[-1]
+        keyed[inner if key not in target and inner in target else key] = value
+    return keyed
+
+
 def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None:
     """One-line error when ``weights`` were made for another architecture than ``model_state``."""
     missing = [k for k in model_state if k not in weights]
@@ -240,8 +249,8 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     except CheckpointError as error:
         tracked = load.is_dir() and (load / TRACKER).is_file()
         raise CheckpointError(f"{error}{_previous_good(load, int(path.parent.name), tp_rank) if tracked else ''}") from None
-    weights = without_hf_prefix(model_weights(sd))
-    target = local_state_dict(model)  # this rank's shards under tensor parallel, as upstream's files hold
+    target = local_state_dict(model)
+    weights = _keyed_as(model_weights(sd), target)  # this rank's shards under tensor parallel, as upstream's files hold
     tp_size = tensor_parallel_size()
     hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
     check_fits(weights, target, path, hint if tp_size > 1 else "")

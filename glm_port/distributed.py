@@ -1,7 +1,7 @@
 """Where a run's ranks sit: device, data-parallel and tensor-parallel groups (any model family).
 
 ``ParallelEnv`` reads the launcher's environment (``torchrun``: RANK, WORLD_SIZE, LOCAL_RANK), starts
-the process group and lays the ranks out with shim's mesh (``setup_dist_util``): tensor-parallel
+the process group and lays the ranks out with shim's mesh (``setup_layout``): tensor-parallel
 neighbours adjacent, data parallel across. In one process with no launcher nothing is started.
 
 Models declare how their layers split (shim's ``Linear1D`` / ``VocabParallelEmbedding``); the layout
@@ -10,6 +10,7 @@ set up here is what turns those layers into shards when the model is built after
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import shim as torch
@@ -53,7 +54,7 @@ class ParallelEnv:
         started = not dist.is_initialized()
         if started:
             dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
-        layout = dist.setup_dist_util(tensor_parallel_size=tensor_parallel_size)
+        layout = dist.setup_layout(tensor_parallel_size=tensor_parallel_size)
         return cls(
             device,
             tp_size=tensor_parallel_size, tp_rank=layout.tensor_parallel_rank,
@@ -69,7 +70,7 @@ class ParallelEnv:
 
     def seed_tracker(self, seed: int) -> None:
         if self.tp_size > 1:
-            torch.checkpointing.model_parallel_cuda_manual_seed(seed)
+            torch.recompute.model_parallel_cuda_manual_seed(seed)
 
     @property
     def _syncs_gradients_itself(self) -> bool:
@@ -87,11 +88,7 @@ class ParallelEnv:
         if not self._syncs_gradients_itself:
             return
         grads = [torch.to_local(p.grad) for p in parameters if p.grad is not None]
-        flat = torch.cat([grad.reshape(-1) for grad in grads])  # one all-reduce for the whole model
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.dp_size
-        for grad, synced in zip(grads, flat.split([grad.numel() for grad in grads])):
-            grad.copy_(synced.view_as(grad))
+        dist.all_reduce_flat(grads, group=self.dp_group, average=True)  # one collective for the whole model
 
     def clip_grad_norm(self, parameters, max_norm: float):
         """Clip by the norm of the whole model's gradient, shards counted once."""
@@ -105,3 +102,48 @@ class ParallelEnv:
     def close(self) -> None:
         if self._owns_process_group:
             dist.destroy_process_group()
+
+
+class PipelineStage:
+    """This rank's stage of an inference pipeline (shim's layout, ``pipeline_parallel_size > 1``).
+
+    Stages run in lockstep: stage s receives the hidden states of stage s - 1, runs its layers
+    (``layers``, a range of global layer indices, as ``ParallelLayout.stage_layers`` splits them) and sends
+    them on; the last stage's output (the logits) is broadcast to every stage, so each rank sees the same
+    logits and takes the same search steps.
+    """
+
+    def __init__(self, layout, num_layers: int | None = None):
+        """``num_layers``: the model's layers, when the layout was set up before they were known."""
+        if num_layers is not None and num_layers != layout.pipeline_num_layers:
+            layout = dataclasses.replace(layout, pipeline_num_layers=num_layers)
+        self.layout = layout
+        self.stage = layout.pipeline_stage
+        self.stages = layout.pipeline_parallel_size
+        self.layers = layout.stage_layers(self.stage)
+        self.group = layout.pipeline_mesh.get_group()
+        dp, tp = layout.data_parallel_rank, layout.tensor_parallel_rank
+        self._rank_of = [int(layout.mesh.mesh[s, dp, tp]) for s in range(self.stages)]
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def holds(self, layer_index: int) -> bool:
+        return layer_index in self.layers
+
+    def send_forward(self, tensor) -> None:
+        dist.send(tensor.contiguous(), self._rank_of[self.stage + 1], group=self.group)
+
+    def recv_forward(self, shape, dtype, device):
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(tensor, self._rank_of[self.stage - 1], group=self.group)
+        return tensor
+
+    def broadcast_from_last(self, tensor):
+        dist.broadcast(tensor, self._rank_of[-1], group=self.group)
+        return tensor

@@ -6,27 +6,34 @@
         --seq-length 512 --train-iters 10000 --save ckpt --bf16
     torchrun --nproc_per_node 4 -m glm_port.pretrain_glm --model-parallel-size 2 ...
 
-The log keeps upstream's line, ``iteration N/M | elapsed time per iteration (ms): T | learning rate L
-| lm loss X |``, so existing parsers keep working; on a terminal a tqdm bar shows loss, tokens/s, ETA.
+The log keeps upstream's lines, ``iteration N/M | elapsed time per iteration (ms): T | learning rate L
+| lm loss X |`` and, every ``--eval-interval`` iterations and at the end, the validation block
+``validation loss at iteration N | LM loss: X | LM PPL: Y`` (then the test set's), so existing parsers keep
+working; on a terminal a tqdm bar shows loss, tokens/s, ETA. ``--summary-dir`` writes the same numbers (and
+grad norm, loss scale, tokens/s) for TensorBoard.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
+from tqdm import tqdm
 
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
 from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from glm_port.distributed import ParallelEnv, local_state_dict
+from glm_port.data.batches import DataOptions, build_batches, corpus_splits
 from glm_port.models.glm import GLMConfig, GLMModel
-from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
+from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer, lm_loss
 
 
 def set_random_seed(seed: int, env: ParallelEnv) -> None:
@@ -35,6 +42,14 @@ def set_random_seed(seed: int, env: ParallelEnv) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     env.seed_tracker(seed)
+
+
+def padded_vocab_size(args, tokenizer) -> int:
+    """The tokenizer's tokens, plus --sentinel-token's 2 * (positions - 1), padded to a multiple of
+    --make-vocab-size-divisible-by (upstream's 128 by default)."""
+    tokens = tokenizer.num_tokens + (2 * (args.max_position_embeddings - 1) if args.sentinel_token else 0)
+    multiple = args.make_vocab_size_divisible_by
+    return -(-tokens // multiple) * multiple
 
 
 def model_config(args, vocab_size: int) -> GLMConfig:
@@ -48,10 +63,40 @@ def model_config(args, vocab_size: int) -> GLMConfig:
         attention_dropout_prob=args.attention_dropout,
         output_dropout_prob=args.hidden_dropout,
         layernorm_epsilon=args.layernorm_epsilon,
+        intermediate_size=args.intermediate_size,
         checkpoint_activations=args.checkpoint_activations,
         checkpoint_num_layers=args.checkpoint_num_layers,
         checkpoint_policy=args.checkpoint_policy or "full",
     )
+
+
+def eval_lines(prefix: str, loss: float, ppl: float) -> list[str]:
+    """Upstream's ``report_evaluate_metrics`` block, character for character."""
+    line = f" validation loss at {prefix} | LM loss: {loss:.6E} | LM PPL: {ppl:.6E}"
+    return ["-" * 100, "-" * (len(line) + 1), line, "-" * (len(line) + 1)]
+
+
+def experiment_save_dir(args, now: datetime | None = None) -> tuple[str, str | None]:
+    """Upstream's names: ``(experiment name, checkpoint directory)``. With --load (and no
+    --new-save-directory) the run continues in --save/<loaded directory's name>; otherwise it is
+    NAME<month-day-hour-minute>. Without --experiment-name, checkpoints go in --save itself."""
+    stamp = (now or datetime.now()).strftime("%m-%d-%H-%M")
+    if args.load and not args.new_save_directory:
+        name = os.path.basename(os.path.normpath(args.load))
+    else:
+        name = (args.experiment_name or "glm") + stamp
+    if args.save is None or args.experiment_name is None:
+        return name, args.save
+    return name, os.path.join(args.save, name)
+
+
+def summary_writer(args, name: str, iteration: int):
+    """TensorBoard writer at SUMMARY_DIR/runs/NAME (upstream's place), dropping events past ``iteration``."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError("--summary-dir needs TensorBoard: pip install 'glm-migrate[tensorboard]'") from None
+    return SummaryWriter(log_dir=os.path.join(args.summary_dir, "runs", name), purge_step=iteration)
 
 
 @dataclass
@@ -66,6 +111,61 @@ class Run:
     precision: Precision
     batches: Iterator[dict]
     iteration: int
+    valid: Iterator[dict] | None = None
+    test: Iterator[dict] | None = None
+    writer: object = None
+    name: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def masker_kwargs(args, tokenizer) -> dict:
+    """BlockMasker's knobs from upstream's flags."""
+    return dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
+                gap_sentence_prob=args.gap_sentence_prob, gap_sentence_ratio=args.gap_sentence_ratio,
+                gpt_infill_prob=args.gpt_infill_prob, gpt_min_ratio=args.gpt_min_ratio, task_mask=args.task_mask,
+                block_mask_prob=args.block_mask_prob, context_mask_ratio=args.context_mask_ratio,
+                short_seq_prob=args.short_seq_prob, single_span_prob=args.single_span_prob,
+                shuffle_blocks=not args.no_shuffle_block, block_position_encoding=not args.no_block_position,
+                sentinel_base=tokenizer.num_tokens if args.sentinel_token else None)
+
+
+def build_data(args, tokenizer, env: ParallelEnv, iteration: int, notes: list[str]):
+    """Train, valid and test batch streams (valid/test None where there is no such data), as upstream
+    builds them: --split shares of --train-data unless --valid-data/--test-data are given."""
+    scatter, rank, world = args.loader_scatter, env.dp_rank, env.dp_size
+    if scatter and world % scatter:
+        notes.append(f" > --loader-scatter {scatter}: {world} data-parallel rank(s) is not a multiple of it "
+                     "(upstream asserts); every rank reads the whole corpus")
+        scatter = None
+    if scatter:
+        rank, world = env.dp_rank // scatter, env.dp_size // scatter
+    part = env.dp_rank % scatter if scatter else 0
+    options = DataOptions(split=args.split, valid_given=args.valid_data is not None,
+                          test_given=args.test_data is not None, filter_english=args.filter_english,
+                          non_sentence_start=args.non_sentence_start, sample_one_document=args.sample_one_document,
+                          loader_scatter=scatter)
+
+    def splits(files, options):
+        corpus = data.load_corpus(files, tokenizer, text_key=args.text_key, progress=env.is_main)
+        return corpus_splits(corpus, tokenizer, options, seed=args.seed, scatter_part=part, progress=env.is_main)
+
+    train, valid, test = splits(args.train_data_files, options)
+    whole = DataOptions(split="1", filter_english=args.filter_english, loader_scatter=scatter)
+    if args.valid_data_files is not None:
+        valid = splits(args.valid_data_files, whole)[0]
+    if args.test_data_files is not None:
+        test = splits(args.test_data_files, whole)[0]
+    common = dict(rank=rank, world_size=world, masker_kwargs=masker_kwargs(args, tokenizer), options=options,
+                  num_workers=args.num_workers)
+    streams = [build_batches(train, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size,
+                             seed=args.seed, start_batch=iteration * args.gradient_accumulation_steps, **common)]
+    # Validation goes on where the last evaluation stopped (upstream's resumed start); test starts afresh.
+    for split, stream, start in ((valid, 1, (iteration // args.eval_interval) * args.eval_iters), (test, 2, 0)):
+        seed = int(np.random.SeedSequence([args.seed, stream]).generate_state(1)[0])
+        streams.append(None if split is None or args.eval_iters == 0 else build_batches(
+            split, tokenizer, seq_length=args.eval_seq_length, batch_size=args.eval_batch_size, seed=seed,
+            start_batch=start, **common))
+    return streams
 
 
 def setup(args) -> Run:
@@ -80,9 +180,13 @@ def setup(args) -> Run:
                 f"--deepspeed_config train_batch_size {args.train_batch_size} != micro batch {args.batch_size}"
                 f" x accumulation {args.gradient_accumulation_steps} x data-parallel {env.dp_size}"
             )
+    notes = []
+    if args.zero_stage:
+        notes.append(f" > ZeRO stage {args.zero_stage}: optimizer state is not sharded (same math, more memory)")
+    name, args.save = experiment_save_dir(args)
     set_random_seed(args.seed, env)
-    tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path)
-    config = model_config(args, tokenizer.vocab_size)
+    tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path, lowercase=args.tokenizer_lowercase)
+    config = model_config(args, padded_vocab_size(args, tokenizer))
     model = GLMModel(config).to(env.device)  # after ParallelEnv: its layout splits the layers
     if args.compile:
         model.transformer.compile_layers()
@@ -93,47 +197,93 @@ def setup(args) -> Run:
         decay_ratio=args.lr_decay_ratio,
     ))
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
-    precision = Precision(env.device, dtype, args.loss_scale)
+    precision = Precision(env.device, dtype, args.loss_scale, window=args.loss_scale_window,
+                          hysteresis=args.hysteresis, min_scale=args.min_scale, init_scale=args.initial_loss_scale)
     iteration = 0
     if args.load is not None:
         iteration = load_checkpoint(
-            args.load, model, tp_rank=env.tp_rank, optimizer=optimizer, scheduler=scheduler,
+            args.load, model, tp_rank=env.tp_rank, optimizer=optimizer,
+            scheduler=None if args.no_load_lr_scheduler else scheduler,
             grad_scaler=precision.scaler, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
         )
+        if args.no_load_lr_scheduler:  # the loaded optimizer brought its old lr: back to the fresh schedule's
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
         if env.is_main:
             print(f" loaded checkpoint {find_checkpoint(args.load, env.tp_rank).parent} at iteration {iteration}",
                   flush=True)
-    masker_kwargs = dict(avg_block_length=args.avg_block_length, bert_prob=args.bert_prob,
-                         gap_sentence_prob=args.gap_sentence_prob, gpt_min_ratio=args.gpt_min_ratio,
-                         task_mask=args.task_mask)
-    # The data stream has its own seeds; fork so that setting it up (a DataLoader draws a base seed)
+    # The data streams have their own seeds; fork so that setting them up (a DataLoader draws a base seed)
     # leaves the training RNG, just restored from the checkpoint, untouched.
     with torch.random.fork_rng(devices=[]):
-        batches = data.build_train_batches(
-            args.train_data, tokenizer, seq_length=args.seq_length, batch_size=args.batch_size, seed=args.seed,
-            masker_kwargs=masker_kwargs, rank=env.dp_rank, world_size=env.dp_size, text_key=args.text_key,
-            start_batch=iteration * args.gradient_accumulation_steps,  # resume the data where it stopped
-        )
-    return Run(env, config, model, optimizer, scheduler, precision, batches, iteration)
+        batches, valid, test = build_data(args, tokenizer, env, iteration, notes)
+    writer = summary_writer(args, name, iteration) if args.summary_dir and env.is_main else None
+    return Run(env, config, model, optimizer, scheduler, precision, batches, iteration, valid, test, writer, name,
+               notes)
+
+
+def evaluate(args, run: Run, batches: Iterator[dict]) -> float:
+    """Mean over --eval-iters batches of each global batch's loss (dropout off, the training masking):
+    one process at batch N*b gives what N data-parallel ranks at b give."""
+    env = run.env
+    run.model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for _ in range(args.eval_iters):
+            batch = {key: value.to(env.device, non_blocking=True) for key, value in next(batches).items()}
+            with run.precision.autocast():
+                _, value = lm_loss(run.model, batch, env.dp_group, env.dp_size, env.tp_group)
+            total += value.item()
+    run.model.train()
+    return total / args.eval_iters
+
+
+def evaluate_and_report(args, run: Run, batches, prefix: str, step: int | None = None) -> float:
+    """One evaluation and upstream's report of it (TensorBoard too, for the validations during training)."""
+    loss = evaluate(args, run, batches)
+    ppl = math.exp(min(20.0, loss))
+    if run.env.is_main:
+        for line in eval_lines(prefix, loss, ppl):
+            if sys.stderr.isatty():
+                tqdm.write(line)  # above the training bar
+            else:
+                print(line, flush=True)
+        if run.writer is not None and step is not None:
+            run.writer.add_scalar("Train/valid_ppl", ppl, step)
+            run.writer.add_scalar("Train/valid_loss", loss, step)
+    return loss
 
 
 def train(args, run: Run) -> None:
     env = run.env
     if env.is_main:
+        for note in run.notes:
+            print(note, flush=True)
         parameters = sum(p.numel() for p in local_state_dict(run.model).values())
         print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
+
+    def summarize(iteration: int, scalars: dict) -> None:
+        for key, value in scalars.items():
+            run.writer.add_scalar(f"Train/{key}", value, iteration)
+
     loop = TrainingLoop(
         env.wrap_data_parallel(run.model), run.optimizer, run.scheduler, run.precision, env,
         total_iters=args.train_iters, accumulation=args.gradient_accumulation_steps, clip_grad=args.clip_grad,
         log_interval=args.log_interval,
         tokens_per_iter=args.batch_size * args.seq_length * args.gradient_accumulation_steps * env.dp_size,
+        summary=summarize if run.writer is not None else None,
     )
 
     def save_now(iteration: int) -> None:
         run.iteration = iteration
         save(args, run)
 
-    run.iteration = loop.run(run.batches, run.iteration, [(args.save_interval, save_now)] if args.save else [])
+    def validate(iteration: int) -> None:
+        evaluate_and_report(args, run, run.valid, f"iteration {iteration}", iteration)
+
+    periodic = [(args.save_interval, save_now)] if args.save else []
+    if run.valid is not None:
+        periodic.append((args.eval_interval, validate))  # after the save, as upstream
+    run.iteration = loop.run(run.batches, run.iteration, periodic)
 
 
 def save(args, run: Run) -> None:
@@ -152,20 +302,29 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         run = setup(args)
-    except (CheckpointError, OSError, ValueError) as error:
+    except (CheckpointError, OSError, ValueError, ImportError) as error:
         sys.exit(f"glm-pretrain: error: {error}")
     start = run.iteration
     if start >= args.train_iters:
         if run.env.is_main:
             print(f" nothing to train: the checkpoint is at iteration {start} and --train-iters is "
                   f"{args.train_iters} (raise --train-iters to train on)", flush=True)
+        if run.writer is not None:
+            run.writer.close()
         run.env.close()
         return
     try:
         train(args, run)
+        # Then as upstream: validation, the last checkpoint, the test set.
+        if run.valid is not None:
+            evaluate_and_report(args, run, run.valid, "the end of training for val data")
         if args.save and run.iteration != start and run.iteration % args.save_interval:
             save(args, run)  # the last iterations, as upstream saves at the end
+        if run.test is not None:
+            evaluate_and_report(args, run, run.test, "the end of training for test data")
     finally:
+        if run.writer is not None:
+            run.writer.close()
         run.env.close()
 
 

@@ -87,14 +87,23 @@ def build_optimizer(model, settings: OptimizerSettings):
 
 class Precision:
     """fp32, bf16 autocast, or fp16 autocast with loss scaling: dynamic (upstream's default for --fp16:
-    start at 2**32, halve on overflow, double after 1000 clean steps) or static (``--loss-scale``: never
-    grows; unlike upstream, a step with inf/NaN gradients is still skipped and halves it)."""
+    start at 2**32, halve on overflow, double after ``window`` clean steps) or static (``--loss-scale``: never
+    grows; unlike upstream, a step with inf/NaN gradients is still skipped and halves it).
 
-    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None):
+    Dynamic scaling also takes upstream's ``--hysteresis`` (overflows tolerated before the scale halves, the
+    count restored when the scale grows) and ``--min-scale`` (a floor), which torch's GradScaler lacks: after
+    its update, the scale it lowered is put back (while hysteresis lasts) or raised to the floor.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, loss_scale: float | None = None,
+                 *, window: int = 1000, hysteresis: int = 1, min_scale: float = 1.0, init_scale: float = 2.0**32):
         self.device, self.dtype = device, dtype
+        self.dynamic = loss_scale is None
+        self.hysteresis, self.min_scale = max(int(hysteresis), 1), min_scale
+        self._tolerated = self.hysteresis
         self.scaler = torch.amp.GradScaler(
-            device.type, init_scale=loss_scale or 2.0**32, growth_interval=1000 if loss_scale is None else 2**31 - 1,
-            enabled=dtype == torch.float16,
+            device.type, init_scale=loss_scale or init_scale,
+            growth_interval=int(window) if self.dynamic else 2**31 - 1, enabled=dtype == torch.float16,
         )
 
     def autocast(self):
@@ -106,6 +115,22 @@ class Precision:
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler.is_enabled() else None
 
+    def update(self) -> bool:
+        """``scaler.update()`` with hysteresis and the floor; True when this step overflowed (was skipped)."""
+        if not self.scaler.is_enabled():
+            return False
+        before = self.scaler.get_scale()
+        self.scaler.update()
+        after = self.scaler.get_scale()
+        if after < before and self.dynamic:
+            if self._tolerated > 1:
+                self._tolerated -= 1
+                self.scaler.update(before)
+            elif after < self.min_scale:
+                self.scaler.update(self.min_scale)
+        elif after > before:
+            self._tolerated = self.hysteresis
+        return after < before
 
 def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     """All-reduce (sum) scalars over the data-parallel group in one collective."""
@@ -115,7 +140,16 @@ def _sum_over(group, *values: torch.Tensor) -> list[torch.Tensor]:
     return list(packed.unbind())
 
 
-def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0):
+def positions_logits(model, batch: dict, counted) -> torch.Tensor:
+    """The batch layout every glm_port trainer uses (``text``, ``position_id``, ``attention_mask``,
+    ``target``, ``loss_mask``) fed to a model that takes ``logit_positions`` (GLM's): logits ``[n, V]``
+    of the ``counted`` positions only. A family whose model takes other inputs passes its own function
+    with this signature as ``logits_fn``."""
+    return model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)[0]
+
+
+def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=None, label_smoothing: float = 0.0,
+            logits_fn=positions_logits):
     """Forward one batch; returns ``(loss_to_backprop, global_loss_value)``.
 
     ``global_loss_value`` = sum(loss * mask) / mask.sum() over the whole data-parallel batch.
@@ -125,7 +159,7 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
     # Positions with a zero mask add nothing to the loss nor to any gradient: project only the others.
     # Their indices are found once, before the forward (on a GPU, one host sync while the queue is short).
     counted = (batch["loss_mask"] != 0).nonzero(as_tuple=True)
-    logits, *_ = model(batch["text"], batch["position_id"], batch["attention_mask"], logit_positions=counted)
+    logits = logits_fn(model, batch, counted)
     if label_smoothing:  # torch's cross entropy (one device: the vocab-parallel op has no smoothing)
         losses = F.cross_entropy(logits.float(), batch["target"][counted], reduction="none",
                                  label_smoothing=label_smoothing)
@@ -139,8 +173,12 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
-               env: ParallelEnv | None = None, label_smoothing: float = 0.0) -> float:
-    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss."""
+               env: ParallelEnv | None = None, label_smoothing: float = 0.0, stats: dict | None = None,
+               logits_fn=positions_logits) -> float:
+    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss.
+
+    ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
+    ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
     env = env or ParallelEnv(precision.device)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -149,18 +187,22 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
-                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing)
+                loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing,
+                                      logits_fn)
             precision.scaler.scale(loss / len(microbatches)).backward()
         total += value.item() / len(microbatches)
     env.sync_gradients(model.parameters())
-    if clip_grad > 0:
+    if clip_grad > 0 or stats is not None:
         precision.scaler.unscale_(optimizer)
-        env.clip_grad_norm(model.parameters(), clip_grad)
-    scale = precision.scaler.get_scale()
+        norm = env.clip_grad_norm(model.parameters(), clip_grad if clip_grad > 0 else math.inf)
+        if stats is not None:
+            stats["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     precision.scaler.step(optimizer)
-    precision.scaler.update()
-    if precision.scaler.get_scale() >= scale:  # as upstream: an overflow-skipped step leaves the lr alone
+    skipped = precision.update()
+    if not skipped:  # as upstream: an overflow-skipped step leaves the lr alone
         scheduler.step()
+    if stats is not None:
+        stats["skipped"] = skipped
     return total
 
 
@@ -197,6 +239,10 @@ class TrainingLoop:
     log_interval: int = 100
     tokens_per_iter: int | None = None  # for the bar's tokens/s
     label_smoothing: float = 0.0
+    logits_fn: Callable = positions_logits  # how the model maps a batch to its counted positions' logits
+    # Called on the main rank at each log line with ``(iteration, scalars)``: lr, train_loss, elapsed_time
+    # (ms per iteration), grad_norm, tokens_per_second and, under fp16, loss_scale (e.g. for TensorBoard).
+    summary: Callable[[int, dict], None] | None = None
 
     def run(self, batches: Iterator[dict], iteration: int,
             periodic: list[tuple[int, Callable[[int], None]]] = ()) -> int:
@@ -205,15 +251,18 @@ class TrainingLoop:
         self.model.train()
         bar = tqdm(total=self.total_iters, initial=iteration, unit="it", dynamic_ncols=True,
                    disable=not (env.is_main and sys.stderr.isatty()))
-        interval_loss, interval_start = 0.0, time.perf_counter()
+        interval_loss, interval_norm, interval_start = 0.0, 0.0, time.perf_counter()
+        stats = {} if self.summary is not None else None
         try:
             while iteration < self.total_iters:
                 step_start = time.perf_counter()
                 microbatches = [_to_device(next(batches), env.device) for _ in range(self.accumulation)]
                 loss = train_step(self.model, microbatches, self.optimizer, self.scheduler, self.precision,
-                                  clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing)
+                                  clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing,
+                                  stats=stats, logits_fn=self.logits_fn)
                 iteration += 1
                 interval_loss += loss
+                interval_norm += stats["grad_norm"] if stats is not None else 0.0
                 bar.update()
                 postfix = {"loss": f"{loss:.4f}"}
                 if self.tokens_per_iter:
@@ -221,14 +270,23 @@ class TrainingLoop:
                 bar.set_postfix(postfix)
                 if iteration % self.log_interval == 0:
                     elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / self.log_interval
+                    lr = self.optimizer.param_groups[0]["lr"]
                     if env.is_main:
-                        line = log_line(iteration, self.total_iters, elapsed_ms, self.optimizer.param_groups[0]["lr"],
+                        line = log_line(iteration, self.total_iters, elapsed_ms, lr,
                                         interval_loss / self.log_interval, self.precision.loss_scale)
                         if bar.disable:
                             print(line, flush=True)
                         else:
                             bar.write(line)
-                    interval_loss, interval_start = 0.0, time.perf_counter()
+                        if self.summary is not None:
+                            scalars = {"lr": lr, "train_loss": interval_loss / self.log_interval,
+                                       "elapsed_time": elapsed_ms, "grad_norm": interval_norm / self.log_interval}
+                            if self.tokens_per_iter:
+                                scalars["tokens_per_second"] = self.tokens_per_iter * 1000.0 / elapsed_ms
+                            if self.precision.loss_scale is not None:
+                                scalars["loss_scale"] = self.precision.loss_scale
+                            self.summary(iteration, scalars)
+                    interval_loss, interval_norm, interval_start = 0.0, 0.0, time.perf_counter()
                 for interval, callback in periodic:
                     if interval and iteration % interval == 0:
                         callback(iteration)

@@ -58,6 +58,50 @@ def summarize(files: list[FileReport], *, files_changed: int, seconds: float) ->
     }
 
 
+# The coverage table's packages, by rule family; amp_C (matched by name) is apex's CUDA extension.
+PACKAGE_OF_FAMILY = {
+    "APX": "apex", "DSP": "deepspeed", "DSC": "deepspeed", "CUD": "torch.cuda", "DST": "torch.distributed",
+    "MEG": "megatron fused kernels", "TRC": "torch", "NPY": "numpy", "MPU": "mpu",
+}
+PACKAGE_ORDER = ("apex", "amp_C", "deepspeed", "torch.cuda", "torch.distributed", "megatron fused kernels")
+
+
+def package_of(rule) -> str:
+    if rule.match.split(".")[0] == "amp_C":
+        return "amp_C"
+    if rule.match.startswith("torch.utils.cpp_extension"):
+        return "torch.utils.cpp_extension"
+    return PACKAGE_OF_FAMILY.get(rule.family, rule.family)
+
+
+def coverage(files: list[FileReport], rules: dict) -> dict[str, dict]:
+    """Per package: sites found, converted, kept on purpose and unconverted, and for the unconverted
+    the rules whose notes say what to do by hand."""
+    table = {name: {"found": 0, "converted": 0, "kept": 0, "unconverted": 0, "by_hand": {}} for name in PACKAGE_ORDER}
+    for key, column in (("changes", "converted"), ("kept", "kept"), ("unconverted", "unconverted")):
+        for f in files:
+            for entry in getattr(f, key):
+                rule = rules.get(entry["code"])
+                row = table.setdefault(package_of(rule) if rule else "other",
+                                       {"found": 0, "converted": 0, "kept": 0, "unconverted": 0, "by_hand": {}})
+                row["found"] += 1
+                row[column] += 1
+                if column == "unconverted":
+                    row["by_hand"][entry["code"]] = row["by_hand"].get(entry["code"], 0) + 1
+    return table
+
+
+def _coverage_markdown(files: list[FileReport], rules: dict) -> list[str]:
+    out = ["## Coverage by package", "",
+           "| package | found | converted | kept | unconverted | by hand (each unconverted site is listed below) |",
+           "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, row in coverage(files, rules).items():
+        hand = "; ".join(f"{code} x{n}: {_one_line(rules[code].note if code in rules else '', 90)}"
+                         for code, n in sorted(row["by_hand"].items())) or "-"
+        out.append(f"| {name} | {row['found']} | {row['converted']} | {row['kept']} | {row['unconverted']} | {hand} |")
+    return out + [""]
+
+
 def to_json(summary: dict, files: list[FileReport]) -> str:
     """Every scanned Python file is listed, with empty lists where nothing applied."""
     return json.dumps({"summary": summary, "files": [asdict(f) for f in files]}, indent=2) + "\n"
@@ -91,6 +135,7 @@ def to_markdown(summary: dict, files: list[FileReport], rules: dict) -> str:
         f"{s['errors']} error{'' if s['errors'] == 1 else 's'}, {s['seconds']:.2f} s.",
         "",
     ]
+    out += _coverage_markdown(files, rules)
     if s["changes_by_rule"] or s["unconverted_by_rule"]:
         out += ["Rules marked *review* rewrite something a person should look at (see the note).", "",
                 "| rule | changes | unconverted | note |", "| --- | ---: | ---: | --- |"]

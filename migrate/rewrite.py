@@ -146,6 +146,19 @@ class ArgEdits:
         )
 
 
+def _parse_expression(text: str) -> cst.BaseExpression:
+    """An expression as it stands in its context: a call spanning lines outside any bracket of its own
+    (``f(\n)\n    .cuda()`` inside the caller's parentheses) parses when parenthesised, and is
+    given back without those parentheses."""
+    try:
+        return cst.parse_expression(text)
+    except cst.ParserSyntaxError:
+        if "\n" not in text and "\r" not in text:
+            raise
+    node = cst.parse_expression("(" + text + ")")
+    return node.with_changes(lpar=node.lpar[1:], rpar=node.rpar[:-1])
+
+
 def rewrite_call(text: str, edits: ArgEdits, *, func: str | None = None, method: str | None = None,
                  first: str | None = None, column: int = 0) -> str:
     """Rewrite the call ``text``: a new callee (``func``) or method name (``method``),
@@ -154,7 +167,7 @@ def rewrite_call(text: str, edits: ArgEdits, *, func: str | None = None, method:
     ``column`` is where the call starts on its line: arguments aligned under the opening
     parenthesis stay aligned when the callee's length changes.
     """
-    call = cst.parse_expression(text)
+    call = _parse_expression(text)
     if not isinstance(call, cst.Call):
         raise ValueError(f"not a call: {text!r}")
     callee = call.func
@@ -247,3 +260,13 @@ def _arg_commas(args: list[cst.Arg], original: list[cst.Arg]) -> list[cst.Arg]:
             arg = arg.with_changes(comma=separator)
         fixed.append(arg)
     return fixed
+
+
+def receiver_as_argument(text: str, func: str) -> str:
+    """``x.m(a, ...)`` becomes ``func(x, a, ...)``: the method's receiver is passed to a function instead."""
+    call = _parse_expression(text)
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        raise ValueError(f"not a method call: {text!r}")
+    receiver = call.func.value
+    first = cst.Arg(receiver, comma=cst.Comma(whitespace_after=_SPACE)) if call.args else cst.Arg(receiver)
+    return code(call.with_changes(func=_dotted(func), args=[first, *call.args]))

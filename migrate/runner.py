@@ -40,7 +40,7 @@ from tqdm import tqdm
 from migrate import interrupt
 from migrate.codemod import migrate_source
 from migrate.index import ModuleIndex, module_name
-from migrate.report import NOT_PYTHON, FileReport, report_paths, summarize, to_json, to_markdown
+from migrate.report import NOT_PYTHON, FileReport, coverage, report_paths, summarize, to_json, to_markdown
 from migrate.rules import RuleSet, load_rules
 
 REPORT_NAMES = ("migration_report.json", "MIGRATION_REPORT.md")
@@ -444,6 +444,7 @@ def run(options: Options) -> int:
     root, results, summary = migrate_tree(options)
     reports = [r.report for r in results if r.report is not None]
     rules = {rule.code: rule for rule in load_rules(options.rules_dir)}
+    summary["coverage"] = coverage(reports, rules)
     texts = (to_json(summary, reports), to_markdown(summary, reports, rules))
     if options.diff:
         try:

@@ -1,13 +1,21 @@
 """How shim stays "all of torch, plus": namespace forwarding and submodule aliasing.
 
 Every shim module that extends a torch module (``shim.nn`` extends ``torch.nn``,
-``shim.optim`` extends ``torch.optim``...) ends with::
+``shim.optim`` extends ``torch.optim``...) imports its own additions with ordinary
+import statements and ends with::
 
-    __getattr__, __dir__ = forward_to(torch.nn, globals(), own={"FusedLayerNorm": "shim.nn.normalization"})
+    __getattr__, __dir__ = forward_to(torch.distributed, globals(), lazy=(_pipeline,))
 
-so any name it does not define resolves to torch's own object, and its own
-additions are imported from their defining module on first use (importing shim
-stays as cheap as importing torch). Submodules that
+so any name it does not define resolves to torch's own object. Additions whose module
+is slow to import (DTensor, pipelining: seconds) are imported inside a *loader*
+function instead, run on first use of any name it imports::
+
+    def _pipeline():
+        from shim.distributed.pipeline import pipeline_schedule, stage_layers
+        return locals()
+
+The import statements are the only list of names (go-to-definition follows them), and
+importing shim stays as cheap as importing torch. Submodules that
 shim does not write itself (``shim.autograd``, ``shim.utils.data``...) are
 aliased by ``TorchAliasFinder``: importing them yields torch's module object
 itself, never a second copy, and nothing in torch is modified.
@@ -21,24 +29,25 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable, Iterable
 
 SHIM = "shim"
 
 
-def forward_to(torch_module: types.ModuleType, namespace: dict, own: dict[str, str] | None = None):
+def forward_to(torch_module: types.ModuleType, namespace: dict, lazy: Iterable[Callable[[], dict]] = ()):
     """Return ``(__getattr__, __dir__)`` for a shim module that extends ``torch_module``.
 
-    ``own`` maps each name shim adds to the module defining it, imported on first use.
+    ``lazy``: loader functions, each made of import statements and ``return locals()``;
+    the names a loader imports are its local variables, and it runs on first use of one.
     """
-    own = own or {}
+    loaders = lazy_loaders(*lazy)
 
     def __getattr__(name: str):
         if name == "__all__":  # what `from <shim module> import *` exports: torch's public names, then ours
-            return sorted(_public_names(torch_module, namespace) | set(own))
-        if name in own:
-            value = getattr(importlib.import_module(own[name]), name)
-            namespace[name] = value
-            return value
+            return sorted(_public_names(torch_module, namespace) | set(loaders))
+        if name in loaders:
+            namespace.update(loaders[name]())
+            return namespace[name]
         try:
             return getattr(torch_module, name)
         except AttributeError:
@@ -48,14 +57,31 @@ def forward_to(torch_module: types.ModuleType, namespace: dict, own: dict[str, s
             ) from None
 
     def __dir__():
-        return sorted(set(namespace) | set(dir(torch_module)) | set(own))
+        return sorted(set(namespace) | set(dir(torch_module)) | set(loaders))
 
     return __getattr__, __dir__
 
 
+def lazy_loaders(*loaders: Callable[[], dict]) -> dict[str, Callable[[], dict]]:
+    """``{name: loader}`` for loaders that import names as their local variables (see above)."""
+    by_name = {}
+    for loader in loaders:
+        code = loader.__code__
+        if code.co_argcount or not code.co_varnames:
+            raise TypeError(f"lazy loader {loader.__qualname__} must take no arguments and import names")
+        by_name.update(dict.fromkeys(code.co_varnames, loader))
+    return by_name
+
+
 def _public_names(torch_module: types.ModuleType, namespace: dict) -> set[str]:
     torch_public = getattr(torch_module, "__all__", None) or [n for n in dir(torch_module) if not n.startswith("_")]
-    return set(torch_public) | {n for n in namespace if not n.startswith("_")}
+    own = {
+        name
+        for name, value in namespace.items()
+        # shim's own submodules (shim.nn.normalization...) are attributes once imported, not exports
+        if not name.startswith("_") and not (isinstance(value, types.ModuleType) and _is_genuine_shim(value))
+    }
+    return set(torch_public) | own
 
 
 def _is_genuine_shim(module: types.ModuleType | None) -> bool:

@@ -17,7 +17,13 @@ Three tasks, drawn per sample with ``bert_prob`` / ``gap_sentence_prob`` / the r
 
 Upstream's ``block_mask_prob`` (Part B inputs of token spans hidden behind ``[dBLOCK]``),
 ``single_span_prob`` (one token span) and ``short_seq_prob`` (a text of random length in [32, seq_length-2];
-upstream cuts several such pieces from random sentence starts, here it is the window's prefix) are kept.
+upstream cuts several such pieces from random sentence starts, here it is the window's prefix) are kept, as are
+``context_mask_ratio`` (token spans: that share of the text, taken from Part A tokens at most 3 away from a
+span's edge, hidden behind ``[dBLOCK]``), ``shuffle_blocks`` (off: Part B in text order),
+``block_position_encoding`` (off: every Part B token has block position 1, upstream's ``--no-block-position``)
+and ``sentinel_base`` (upstream's ``--sentinel-token``: the k-th block of Part B, k >= 1, opens with its own
+``sop<k>`` and, for token spans, leaves ``[MASK<k>]`` in Part A; every Part B token takes position
+``seq_length``. Sentinel ids are ``sentinel_base + 2(k-1)`` for ``[MASK<k>]`` and one more for ``sop<k>``).
 
 Unlike upstream, whose samples grow by two tokens per span and are padded per batch, every sample here is
 exactly ``seq_length`` long: the text is cut to ``seq_length - 2 * num_spans`` tokens (the rest of the window
@@ -33,6 +39,8 @@ from typing import Sequence
 import numpy as np
 
 from glm_port.data.tokenization import GLMTokenizer
+
+_CONTEXT_RANGE = 3  # upstream's context_mask_range: tokens next to a span's edge that --context-mask-ratio may hide
 
 
 def _span_length_distribution(avg_block_length: float, max_block_length: int) -> np.ndarray:
@@ -106,11 +114,13 @@ class BlockMasker:
                  bert_prob: float = 1.0, gap_sentence_prob: float = 0.0, gap_sentence_ratio: float = 0.15,
                  gpt_infill_prob: float = 0.5, gpt_min_ratio: float = 0.5, task_mask: bool = False,
                  shuffle_blocks: bool = True, block_mask_prob: float = 0.0, short_seq_prob: float = 0.0,
-                 single_span_prob: float = 0.0):
+                 single_span_prob: float = 0.0, context_mask_ratio: float = 0.0,
+                 block_position_encoding: bool = True, sentinel_base: int | None = None):
         for name, p in [("mask_ratio", mask_ratio), ("bert_prob", bert_prob), ("gpt_min_ratio", gpt_min_ratio),
                         ("gap_sentence_prob", gap_sentence_prob), ("gap_sentence_ratio", gap_sentence_ratio),
                         ("gpt_infill_prob", gpt_infill_prob), ("block_mask_prob", block_mask_prob),
-                        ("short_seq_prob", short_seq_prob), ("single_span_prob", single_span_prob)]:
+                        ("short_seq_prob", short_seq_prob), ("single_span_prob", single_span_prob),
+                        ("context_mask_ratio", context_mask_ratio)]:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {p}")
         if bert_prob + gap_sentence_prob > 1.0 + 1e-9:
@@ -120,7 +130,10 @@ class BlockMasker:
         if seq_length is not None and seq_length < 4:
             raise ValueError(f"seq_length must be at least 4, got {seq_length}")
         needed = ["cls", "eos", "pad", "mask", "sop", "eop"] + (["gmask", "smask"] if task_mask else []) + (
-            ["dblock"] if block_mask_prob else [])
+            ["dblock"] if block_mask_prob or context_mask_ratio else [])
+        if sentinel_base is not None and sentinel_base < tokenizer.num_tokens:
+            raise ValueError(f"sentinel ids must follow the vocabulary's {tokenizer.num_tokens} tokens, "
+                             f"got sentinel_base {sentinel_base}")
         missing = [name for name in needed if tokenizer.command_ids.get(name) is None]
         if missing:
             raise ValueError(f"{tokenizer.name} has no {', '.join(missing)} token(s), needed for blank infilling")
@@ -137,6 +150,9 @@ class BlockMasker:
         self.block_mask_prob = block_mask_prob
         self.short_seq_prob = short_seq_prob
         self.single_span_prob = single_span_prob
+        self.context_mask_ratio = context_mask_ratio
+        self.block_position_encoding = block_position_encoding
+        self.sentinel_base = sentinel_base
         self.span_lengths = np.arange(1, max_block_length)
         self.span_cdf = np.cumsum(_span_length_distribution(avg_block_length, max_block_length))
         self.span_cdf[-1] = 1.0  # rounding must not leave a draw past the last length
@@ -168,6 +184,8 @@ class BlockMasker:
                 parts = self._sentence_spans(tokens, used, rng)
             else:
                 parts = self._generation(tokens, used, rng)
+        if not self.block_position_encoding:  # upstream's --no-block-position: Part B all at block position 1
+            parts = (*parts[:4], (parts[4] > 0).astype(np.int64), parts[5])
         return self._padded(*parts, length)
 
     # -- the three tasks ---------------------------------------------------------------------------------
@@ -178,12 +196,38 @@ class BlockMasker:
         else:
             lengths = self._draw_span_lengths(min(len(tokens), length), length, rng)
         text = tokens[: length - 2 * len(lengths)]
+        spans = self._place_in_documents(text, lengths, rng)
         inputs, targets, loss, positions, block_positions, sep = self._blocks(
-            text, self._place_in_documents(text, lengths, rng), self.mask_id, rng)
+            text, spans, self.mask_id, rng, sentinel_masks=True)
         if self.block_mask_prob:  # upstream's --block-mask-prob: hide Part B inputs (not [sop]) behind [dBLOCK]
             hidden = (block_positions > 1) & (rng.random(len(inputs)) < self.block_mask_prob)
             inputs = np.where(hidden, self.dblock_id, inputs)
+        if self.context_mask_ratio:
+            # upstream counts the window's length (its samples grow with the spans; ours cut the text to fit)
+            inputs = self._mask_context(inputs, spans, sep, min(len(tokens), length), rng)
         return inputs, targets, loss, positions, block_positions, sep
+
+    def _mask_context(self, inputs, spans, sep, text_length, rng):
+        """Upstream's --context-mask-ratio: ``int(ratio * text_length)`` Part A tokens, drawn from the first and
+        last 3 tokens of each run of text between masks (not the start of the first run), become [dBLOCK]."""
+        spans = spans[np.argsort(spans[:, 0])]
+        removed = np.cumsum(spans[:, 1] - spans[:, 0] - 1) - (spans[:, 1] - spans[:, 0] - 1)
+        masks = spans[:, 0] - removed  # each span's mask token in Part A
+        edges = np.concatenate(([-1], masks, [sep]))
+        candidates = set()
+        for start, end in zip(edges[:-1] + 1, edges[1:]):
+            if end <= start:
+                continue
+            if start != 0:
+                candidates.update(range(start, min(end, start + _CONTEXT_RANGE)))
+            candidates.update(range(max(start, end - _CONTEXT_RANGE), end))
+        count = min(int(self.context_mask_ratio * text_length), len(candidates))
+        if count:
+            chosen = rng.choice(np.array(sorted(candidates)), size=count, replace=False)
+            inputs = inputs.copy()
+            inputs[chosen] = self.dblock_id
+        return inputs
+
 
     def _sentence_spans(self, tokens, length, rng):
         """Shuffled whole sentences until ``gap_sentence_ratio`` of the text is covered (upstream takes at
@@ -283,9 +327,27 @@ class BlockMasker:
         ends = np.flatnonzero(~boundary & (ends_sentence | before_boundary)) + 1
         return np.stack([starts, ends], axis=1)
 
-    def _blocks(self, text, spans, mask_id, rng):
-        order = rng.permutation(len(spans)) if self.shuffle_blocks else np.arange(len(spans))
-        return layout_blocks(text, spans, order, mask_id=mask_id, sop_id=self.sop_id, eop_id=self.eop_id)
+    def _blocks(self, text, spans, mask_id, rng, sentinel_masks=False):
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        order = rng.permutation(len(spans)) if self.shuffle_blocks else np.argsort(spans[:, 0], kind="stable")
+        parts = layout_blocks(text, spans, order, mask_id=mask_id, sop_id=self.sop_id, eop_id=self.eop_id)
+        if self.sentinel_base is None:
+            return parts
+        return self._with_sentinels(*parts, sentinel_masks=sentinel_masks)
+
+    def _with_sentinels(self, inputs, targets, loss, positions, block_positions, sep, sentinel_masks):
+        """Block k >= 1 of Part B opens with ``sop<k>``; for token spans its Part A mask becomes ``[MASK<k>]``;
+        Part B takes position ``seq_length`` (upstream's --sentinel-token)."""
+        inputs, targets, positions = inputs.copy(), targets.copy(), positions.copy()
+        opens = sep + np.flatnonzero(block_positions[sep:] == 1)
+        k = np.arange(len(opens))
+        later = k >= 1
+        inputs[opens[later]] = self.sentinel_base + 2 * (k[later] - 1) + 1
+        if sentinel_masks:
+            masks = positions[opens[later]]
+            inputs[masks] = targets[masks] = self.sentinel_base + 2 * (k[later] - 1)
+        positions[sep:] = self.seq_length if self.seq_length else len(inputs)
+        return inputs, targets, loss, positions, block_positions, sep
 
     def _padded(self, inputs, targets, loss, positions, block_positions, sep, length):
         n = len(inputs)

@@ -23,10 +23,9 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from glm_port.data.tokenization import GLMTokenizer
+from glm_port.data.tokenization import DEFAULT_CORPUS, GLMTokenizer
 
 JSON_SUFFIXES = (".json", ".jsonl")
-DEFAULT_CORPUS = Path(__file__).with_name("default_corpus.txt")  # written by default_corpus.py
 _ENCODE_CHUNK = 512  # documents per encode_batch call: large enough for tokenizers' threads, small for tqdm
 
 

@@ -15,6 +15,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+# The embedded corpus (corpus.py reads it as its default; its words make the built-in vocabulary).
+DEFAULT_CORPUS = Path(__file__).with_name("default_corpus.txt")  # written by default_corpus.py
 SOP, EOP = "<|startofpiece|>", "<|endofpiece|>"
 GMASK, SMASK = "[gMASK]", "[sMASK]"
 DBLOCK = "[dBLOCK]"  # replaces Part B inputs under upstream's --block-mask-prob
@@ -196,7 +198,6 @@ def tiny_wordpiece() -> GLMTokenizer:
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    from glm_port.data.corpus import DEFAULT_CORPUS  # here: corpus.py imports this module
 
     normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()

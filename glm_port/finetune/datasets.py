@@ -72,7 +72,13 @@ def _field(record: dict, names: tuple[str, ...], path, number) -> str:
     raise DataError(f"{path}:{number}: sample lacks the field {' / '.join(repr(n) for n in names)}")
 
 
-def to_pair(record: dict, layout: str, path, number, source_field="source", target_field="target") -> Pair:
+def to_pair(record: dict, layout: str, path, number, source_field="source", target_field="target",
+            require_target: bool = True) -> Pair:
+    if not require_target:  # samples to predict: a missing target is an empty one
+        target_names = {"plain": (target_field,), "dureaderqg": ("question", "target"), "adgen": ("summary",),
+                        "belle": ("output",)}.get(layout, ())
+        if not any(name in record for name in target_names):
+            record = {**record, target_names[0]: ""} if target_names else record
     get = lambda *names: _field(record, names, path, number)  # noqa: E731
     if layout == "plain":
         return Pair(get(source_field), get(target_field))
@@ -90,9 +96,11 @@ def to_pair(record: dict, layout: str, path, number, source_field="source", targ
     raise DataError(f"unknown data layout {layout!r}; choose from {', '.join(LAYOUTS)}")
 
 
-def read_pairs(path: str | Path, layout: str = "plain", source_field="source", target_field="target") -> list[Pair]:
-    """All samples of ``path`` as (source, target) pairs; an empty file is an error."""
-    pairs = [to_pair(r, layout, path, n, source_field, target_field) for n, r in read_records(path)]
+def read_pairs(path: str | Path, layout: str = "plain", source_field="source", target_field="target",
+               require_target: bool = True) -> list[Pair]:
+    """All samples of ``path`` as (source, target) pairs; an empty file is an error. With
+    ``require_target=False`` (prediction) a sample may lack its target."""
+    pairs = [to_pair(r, layout, path, n, source_field, target_field, require_target) for n, r in read_records(path)]
     if not pairs:
         raise DataError(f"{path}: no samples")
     return pairs

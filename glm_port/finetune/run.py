@@ -30,14 +30,10 @@ from glm_port.finetune import metrics
 from glm_port.finetune.arguments import parse_args
 from glm_port.finetune.datasets import DataError, Pair, read_pairs
 from glm_port.finetune.toy_task import write_toy_task
-from glm_port.models.glm import GLMConfig, GLMModel
-from glm_port.models.glm.seq2seq import Encoded, collate, encode_pair
+from glm_port.models import FAMILIES, family_at
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
 PROG = "glm-finetune"
-# The embedded default: a GLM small enough to learn the toy task in about a minute on 2 CPU cores.
-TOY_CONFIG = dict(num_layers=2, hidden_size=128, num_attention_heads=4, max_sequence_length=64,
-                  embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
 TOY_FLAGS = dict(do_train=True, do_eval=True, max_steps=300, learning_rate=2e-3, warmup_ratio=0.05,
                  per_device_train_batch_size=32, per_device_eval_batch_size=48, src_length=12, tgt_length=10,
                  logging_steps=50, eval_steps=100, num_beams=3)
@@ -48,10 +44,11 @@ class FinetuneError(ValueError):
 
 
 def _default_run(args, argv) -> bool:
-    """No model and no data named: the embedded toy task, with its own defaults for flags left unset."""
-    if args.model_name_or_path or args.train_file or args.eval_file or args.test_file:
-        return False
+    """No model, no data and no --do_train/--do_predict named: the embedded toy task, with its own defaults
+    for the flags left unset."""
     given = {a.split("=")[0].lstrip("-") for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+    if args.model_name_or_path not in (None, *_embedded()) or args.train_file or args.eval_file or args.test_file or given & {"do_train", "do_predict"}:
+        return False
     for name, value in TOY_FLAGS.items():
         if name not in given:
             setattr(args, name, value)
@@ -60,42 +57,46 @@ def _default_run(args, argv) -> bool:
     return True
 
 
+def _embedded() -> dict:
+    """Embedded model names (``glm-tiny``, ``chatglm2-tiny``) -> family: random-init models, no download."""
+    import importlib
+
+    return {importlib.import_module(f.finetune).EMBEDDED: f for f in FAMILIES.values() if f.finetune}
+
+
 @dataclass
 class Session:
     env: ParallelEnv
-    model: torch.nn.Module  # GLMModel, or the PEFT model around it
-    glm: GLMModel
-    config: GLMConfig
-    tokenizer: object  # glm_port.data GLMTokenizer (the vocabulary with GLM's command ids)
+    binding: object  # the family's finetune module (glm_port/models/<family>/finetune.py)
+    model: torch.nn.Module  # the family's model, or the PEFT model around it
+    base: torch.nn.Module  # the family's model
+    config: object  # its config (saved with checkpoints)
+    tokenizer: object
     output_dir: Path
+    source: Path | None  # the directory the weights came from (None: embedded)
 
 
 # ---- model -------------------------------------------------------------------------------------------
 
 
-def _load_model(args, env: ParallelEnv):
-    """(GLMModel, vocabulary) from --model_name_or_path, or a new small GLM for the toy task."""
-    from glm_port import data
+def _binding(args):
+    """The finetune binding of --model_name_or_path's family (GLM for the embedded default)."""
+    import importlib
 
-    if args.model_name_or_path is None:
-        tokenizer = data.get_tokenizer()
-        config = GLMConfig(vocab_size=tokenizer.vocab_size, checkpoint_activations=args.recompute, **TOY_CONFIG)
-        return GLMModel(config).to(env.device), tokenizer
-    from glm_port.models.glm.hf import GLMForConditionalGeneration
-    from glm_port.models.glm.tokenizer import GLMTokenizer
-
-    path = Path(args.model_name_or_path).expanduser()
-    if not path.exists():
-        raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
-    wrapper = GLMForConditionalGeneration.from_pretrained(path, device=env.device)
-    glm = wrapper.glm
-    if args.recompute:
-        glm.config = glm.config.replace(checkpoint_activations=True)
-        glm.transformer.config = glm.config
-    return glm, GLMTokenizer.from_pretrained(path).vocab
+    name = args.model_name_or_path
+    if name is None or name in _embedded():
+        family = _embedded().get(name, FAMILIES["glm"])
+    else:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
+        family = family_at(path)
+        if family.finetune is None:
+            raise FinetuneError(f"--model_name_or_path {path}: glm-finetune does not finetune the {family.name} family")
+    return importlib.import_module(family.finetune)
 
 
-def _apply_lora(args, glm: GLMModel):
+def _apply_lora(args, glm):
     """PEFT LoRA on ``--lora_target_modules`` (new adapters, or ``--lora_path``'s); the base frozen."""
     import peft
 
@@ -106,8 +107,9 @@ def _apply_lora(args, glm: GLMModel):
         try:
             return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train)
         except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
-            first = str(error).strip().splitlines()[0]
-            raise FinetuneError(f"--lora_path {path} was made for another base model: {first}") from None
+            lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+            detail = next((line for line in lines if "size mismatch" in line or "Missing" in line), lines[0])
+            raise FinetuneError(f"--lora_path {path} was made for another base model: {detail}") from None
     names = {name.rsplit(".", 1)[-1] for name, _ in glm.named_modules()}
     missing = [m for m in args.lora_target_modules if m not in names]
     if missing:
@@ -126,25 +128,19 @@ def _trainable_line(model) -> str:
 # ---- data --------------------------------------------------------------------------------------------
 
 
-def encode_pairs(tokenizer, pairs: list[Pair], src_length: int, tgt_length: int, *, with_targets=True) -> list[Encoded]:
-    sources = tokenizer.encode_batch([p.source for p in pairs])
-    targets = tokenizer.encode_batch([p.target for p in pairs]) if with_targets else [None] * len(pairs)
-    return [encode_pair(tokenizer, s, t, src_length, tgt_length) for s, t in zip(sources, targets)]
-
-
-def _cached_encoding(args, tokenizer, path: str, output_dir: Path) -> list[Encoded]:
+def _cached_encoding(args, session, path: str) -> list:
     """Tokenize a data file once: the encoded samples are kept under ``OUTPUT/cache/`` keyed by the file's
     bytes, the vocabulary and the layout flags."""
     key = hashlib.sha256()
     key.update(Path(path).read_bytes())
-    for part in (tokenizer.fingerprint, args.dataset_layout, args.source_field, args.target_field,
+    for part in (session.binding.__name__, session.binding.fingerprint(session.tokenizer), args.dataset_layout, args.source_field, args.target_field,
                  args.src_length, args.tgt_length):
         key.update(str(part).encode())
-    cache = output_dir / "cache" / f"{Path(path).stem}-{key.hexdigest()[:16]}.pt"
+    cache = session.output_dir / "cache" / f"{Path(path).stem}-{key.hexdigest()[:16]}.pt"
     if cache.is_file():
         return torch.load(cache, weights_only=False)
-    samples = encode_pairs(tokenizer, read_pairs(path, args.dataset_layout, args.source_field, args.target_field),
-                           args.src_length, args.tgt_length)
+    pairs = read_pairs(path, args.dataset_layout, args.source_field, args.target_field)
+    samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp-{os.getpid()}")
     torch.save(samples, tmp)
@@ -152,7 +148,7 @@ def _cached_encoding(args, tokenizer, path: str, output_dir: Path) -> list[Encod
     return samples
 
 
-def batches(samples: list[Encoded], batch_size: int, pad_id: int, seed: int, rank: int, world: int, skip: int = 0):
+def batches(samples: list, batch_size: int, collate, seed: int, rank: int, world: int, skip: int = 0):
     """Endless shuffled batches (a new order each epoch); each data-parallel rank takes its share of a
     global batch of ``batch_size * world``. ``skip`` batches are passed over (resuming)."""
     global_batch = batch_size * world
@@ -165,53 +161,26 @@ def batches(samples: list[Encoded], batch_size: int, pad_id: int, seed: int, ran
             if produced <= skip:
                 continue
             chosen = order[b * global_batch:(b + 1) * global_batch][rank * batch_size:(rank + 1) * batch_size]
-            yield collate([samples[i] for i in chosen], pad_id)
+            yield collate([samples[i] for i in chosen])
 
 
 # ---- evaluation --------------------------------------------------------------------------------------
 
 
-def generate_targets(session: Session, args, samples: list[Encoded]) -> list[str]:
-    """The model's text for each sample's Part A, by the search flags (beam search by default)."""
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
-    from glm_port.models.glm.tokenizer import GLMTokenizer
-
-    tokenizer = GLMTokenizer(session.tokenizer)
-    generator = GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(session.config), glm=session.glm)
-    generator.eval()
+def generate_targets(session: Session, args, samples: list) -> list[str]:
+    """The model's text for each sample's prompt, by the search flags (beam search by default)."""
     search = dict(max_new_tokens=args.tgt_length, num_beams=args.num_beams, length_penalty=args.length_penalty,
                   no_repeat_ngram_size=args.no_repeat_ngram_size, min_new_tokens=args.min_tgt_length,
-                  eos_token_id=[tokenizer.eop_token_id, tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                  do_sample=args.select_topk, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
-    texts = []
-    for start in range(0, len(samples), args.per_device_eval_batch_size):
-        chunk = samples[start:start + args.per_device_eval_batch_size]
-        prompts = [s.text[:s.sep] for s in chunk]
-        inputs = tokenizer.build_inputs_for_generation(_as_batch(prompts, tokenizer.pad_token_id),
-                                                       max_gen_length=args.tgt_length)
-        inputs = inputs.to(session.env.device)
-        with torch.no_grad():
-            out = generator.generate(**inputs, **search)
-        prompt_width = inputs["input_ids"].size(1)
-        stops = {tokenizer.eop_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
-        for row in out[:, prompt_width:].tolist():
-            cut = next((k for k, t in enumerate(row) if t in stops), len(row))
-            texts.append(session.tokenizer.decode(row[:cut]).strip())
-    return texts
+                  do_sample=args.select_topk)
+    if args.select_topk:
+        search.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    session.model.eval()
+    return session.binding.generate(session.base if not hasattr(session.model, "peft_config") else session.model,
+                                    session.tokenizer, samples, search, args.per_device_eval_batch_size,
+                                    session.env.device)
 
 
-def _as_batch(prompts: list[np.ndarray], pad_id: int) -> dict:
-    """Prompts as ``tokenizer(...)``'s output: left-padded ``input_ids`` and ``attention_mask``."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.from_numpy(prompt)
-        mask[row, width - len(prompt):] = 1
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def evaluate(session: Session, args, pairs: list[Pair], samples: list[Encoded]) -> tuple[dict, list[str]]:
+def evaluate(session: Session, args, pairs: list[Pair], samples: list) -> tuple[dict, list[str]]:
     predictions = generate_targets(session, args, samples)
     return metrics.score(predictions, [p.target for p in pairs], args.metric_lang), predictions
 
@@ -253,6 +222,12 @@ def _check_inputs(args) -> None:
         path = getattr(args, flag)
         if path and not Path(path).is_file():
             raise FinetuneError(f"--{flag} {path}: no such file")
+    if (args.lora or args.lora_path) and args.tensor_parallel_degree > 1:
+        raise FinetuneError("--lora with --tensor_parallel_degree > 1 is not supported yet (PEFT's adapters are "
+                            "not split); use data parallel (torchrun without --tensor_parallel_degree)")
+    if args.merge_tensor_parallel_path and not args.do_train:
+        raise FinetuneError("--merge_tensor_parallel_path merges the shards a training run saves: give --do_train "
+                            "(or run glm-merge on saved shards)")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")
@@ -264,12 +239,16 @@ def setup(args) -> Session:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     env.seed_tracker(args.seed)
-    glm, tokenizer = _load_model(args, env)
-    model = _apply_lora(args, glm) if args.lora or args.lora_path else glm
-    return Session(env, model, glm, glm.config, tokenizer, Path(args.output_dir))
+    binding = _binding(args)
+    embedded = args.model_name_or_path is None or args.model_name_or_path in _embedded()
+    source = None if embedded else Path(args.model_name_or_path).expanduser()
+    base, tokenizer = binding.load(source, env.device, args.recompute)
+    model = _apply_lora(args, base) if args.lora or args.lora_path else base
+    return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source)
 
 
-def train(args, session: Session, train_samples, eval_data) -> None:
+def train(args, session: Session, train_samples, eval_data) -> int:
+    """Train to the last step; returns it."""
     env, model = session.env, session.model
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * env.dp_size
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(train_samples) / per_step)
@@ -292,11 +271,13 @@ def train(args, session: Session, train_samples, eval_data) -> None:
                                     scheduler=scheduler, grad_scaler=precision.scaler)
         if env.is_main:
             print(f" > resumed from {checkpoints} at step {iteration}", flush=True)
-    stream = batches(train_samples, args.per_device_train_batch_size, session.tokenizer.pad_id, args.seed,
+    stream = batches(train_samples, args.per_device_train_batch_size,
+                     lambda chosen: session.binding.collate(chosen, session.tokenizer), args.seed,
                      env.dp_rank, env.dp_size, skip=iteration * args.gradient_accumulation_steps)
     loop = TrainingLoop(env.wrap_data_parallel(model), optimizer, scheduler, precision, env, total_iters=total,
                         accumulation=args.gradient_accumulation_steps, clip_grad=args.max_grad_norm,
-                        log_interval=args.logging_steps, label_smoothing=args.label_smoothing)
+                        log_interval=args.logging_steps, label_smoothing=args.label_smoothing,
+                        logits_fn=session.binding.logits)
     best = {"rouge-l": -1.0}
 
     def save(step: int) -> None:
@@ -305,35 +286,45 @@ def train(args, session: Session, train_samples, eval_data) -> None:
                         writer=env.dp_rank == 0)
 
     def periodic_eval(step: int) -> None:
-        scores, predictions = evaluate(session, args, *eval_data)
+        scores, predictions = evaluate(session, args, *eval_data)  # every rank: the model is split over them
         model.train()
         if env.is_main:
             _print_scores(scores, step)
-            if scores["rouge-l"] > best["rouge-l"]:
-                best.update(scores, step=step)
-                save_model(args, session, session.output_dir / "best")
+        if scores["rouge-l"] > best["rouge-l"]:
+            best.update(scores, step=step)
+            save_model(args, session, session.output_dir / "best", step)
+            if env.is_main:
                 _write_json(session.output_dir / "best" / "eval_results.json", best)
 
     periodic = [(args.save_steps, save)]
     if args.do_eval and args.eval_steps:
         periodic.append((args.eval_steps, periodic_eval))
-    loop.run(stream, iteration, periodic)
+    return loop.run(stream, iteration, periodic)
 
 
-def save_model(args, session: Session, directory: Path) -> None:
+def save_model(args, session: Session, directory: Path, step: int) -> None:
     """The finetuned model where glm-generate and ``from_pretrained`` read it: the PEFT adapter alone (LoRA,
-    unless --merge_lora), else the merged weights with config and tokenizer files."""
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
-    from glm_port.models.glm.tokenizer import GLMTokenizer
-
+    unless --merge_lora), else the weights with config and tokenizer files. Under tensor parallel (every
+    rank calls this) each rank writes its shard in upstream's ``mp_rank_XX`` layout; ``glm-merge`` or
+    ``from_pretrained`` at any tensor-parallel size merges them."""
+    env, model, binding = session.env, session.model, session.binding
+    if env.tp_size > 1:
+        save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
+                        tp_rank=env.tp_rank, writer=env.dp_rank == 0)
+        if env.is_main:
+            binding.save_tokenizer(session.tokenizer, directory, session.source)
+        return
+    if not env.is_main:
+        return
     directory.mkdir(parents=True, exist_ok=True)
-    model = session.model
     if hasattr(model, "peft_config") and not args.merge_lora:
         model.save_pretrained(str(directory))
+        if session.source is None and not (session.output_dir / "base").exists():
+            # The embedded base is random: keep it, so the adapter can be applied (and exported) later.
+            binding.save(session.base, session.tokenizer, session.output_dir / "base", None)
         return
-    glm = model.merge_and_unload() if hasattr(model, "peft_config") else model
-    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(session.config), glm=glm).save_pretrained(directory)
-    GLMTokenizer(session.tokenizer).save_pretrained(directory)
+    merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
+    binding.save(merged, session.tokenizer, directory, session.source)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -347,33 +338,45 @@ def main(argv: list[str] | None = None) -> None:
                   f"in {output_dir}/", flush=True)
         _check_inputs(args)
         session = setup(args)
-        train_samples = _cached_encoding(args, session.tokenizer, args.train_file, output_dir) if args.do_train else []
+        output_dir.mkdir(parents=True, exist_ok=True)
+        train_samples = _cached_encoding(args, session, args.train_file) if args.do_train else []
         eval_data = None
         if args.do_eval:
             pairs = read_pairs(args.eval_file, args.dataset_layout, args.source_field, args.target_field)
-            eval_data = (pairs, encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length))
+            eval_data = (pairs, session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length))
     except (FinetuneError, DataError, CheckpointError, OSError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    try:
+    try:  # every rank runs each part (the model may be split over them); rank 0 writes the files
         env = session.env
-        if args.do_eval and env.is_main and args.do_train:
+        if args.do_eval and args.do_train:
             scores, _ = evaluate(session, args, *eval_data)
-            _print_scores(scores, 0)
-        if args.do_train:
-            train(args, session, train_samples, eval_data)
             if env.is_main:
-                save_model(args, session, output_dir / "final")
+                _print_scores(scores, 0)
+        if args.do_train:
+            steps = train(args, session, train_samples, eval_data)
+            save_model(args, session, output_dir / "final", steps)
+            if env.is_main:
                 print(f" > saved the finetuned model to {output_dir / 'final'}", flush=True)
-        if args.do_eval and env.is_main:
+            if args.merge_tensor_parallel_path and env.is_main:
+                from glm_port.convert.merge import merge  # glm-merge: the shards as one directory
+
+                merge(output_dir / "final", args.merge_tensor_parallel_path, overwrite=True)
+                print(f" > merged the tensor-parallel shards into {args.merge_tensor_parallel_path}", flush=True)
+        if args.do_eval:
             scores, predictions = evaluate(session, args, *eval_data)
-            _print_scores(scores, None)
-            _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
-            _write_json(output_dir / "eval_results.json", scores)
-        if args.do_predict and env.is_main:
-            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field)
-            samples = encode_pairs(session.tokenizer, pairs, args.src_length, args.tgt_length, with_targets=False)
-            _write_predictions(output_dir / "test_predictions.jsonl", pairs, generate_targets(session, args, samples))
+            if env.is_main:
+                _print_scores(scores, None)
+                _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
+                _write_json(output_dir / "eval_results.json", scores)
+        if args.do_predict:
+            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field,
+                               require_target=False)
+            samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length,
+                                             with_targets=False)
+            predictions = generate_targets(session, args, samples)
+            if env.is_main:
+                _write_predictions(output_dir / "test_predictions.jsonl", pairs, predictions)
         if env.is_main:
             print(f" > results in {output_dir}/", flush=True)
     finally:

@@ -26,11 +26,13 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="glm-generate", description=__doc__.split("\n\n")[0],
+        prog="glm-generate",
+        description="Fill blanks / continue text with a model glm_port has (GLM, ...), from released weights.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Prompts: arguments, --input FILE (one per line, or JSON lines with a \"prompt\" field; '-' is "
-               "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK] "
-               "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).")
+        epilog="Prompts: arguments, --input FILE (one per line, or JSON lines with a \"prompt\" field; '-' is\n"
+               "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK]\n"
+               "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).\n\n"
+               "examples:\n" + "\n".join("  " + line.strip() for line in __doc__.split("\n\n")[1].splitlines()))
     parser.add_argument("prompts", nargs="*", help="prompts to complete")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="weights: a Hugging Face GLM directory, upstream mp_rank_XX_model_states.pt files "
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--no-repeat-ngram-size", type=int, default=None)
     search.add_argument("--num-return-sequences", type=int, default=1, help="results per prompt (one-blank prompts)")
     search.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow)")
+    search.add_argument("--static-cache", action="store_true",
+                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it")
     run = parser.add_argument_group("where it runs")
     run.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and compute precision (default fp32)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the accelerator if any)")
@@ -108,6 +112,8 @@ def read_prompts(args) -> list[str]:
 def generate_kwargs(args) -> dict:
     kwargs = {"do_sample": args.do_sample, "num_beams": args.num_beams,
               "num_return_sequences": args.num_return_sequences, "use_cache": not args.no_cache}
+    if args.static_cache:
+        kwargs["cache_implementation"] = "static"
     for name in ("temperature", "top_k", "top_p", "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
@@ -119,18 +125,14 @@ def generate_kwargs(args) -> dict:
 
 def detect_family(path):
     """The registry's family for the weights at ``path`` (``config.json``'s ``model_type``; GLM without one)."""
-    from glm_port.models import FAMILIES, family_for
+    from glm_port.models import family_at
 
-    path = Path(path)
-    for directory in (path if path.is_dir() else path.parent, path.parent):
-        config = directory / "config.json"
-        if config.is_file():
-            try:
-                model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-            except json.JSONDecodeError as error:
-                raise UsageError(f"{config}: not valid JSON ({error.msg})") from None
-            return family_for(model_type) if model_type else FAMILIES["glm"]
-    return FAMILIES["glm"]
+    try:
+        return family_at(path)
+    except ValueError as error:
+        if type(error) is not ValueError:  # UnknownFamily: reported as it is
+            raise
+        raise UsageError(str(error)) from None
 
 
 class FirstTokenClock:

@@ -1,7 +1,7 @@
 """Where an inference run's ranks sit: LiBai's four numbers on shim's layout.
 
 ``torchrun --nproc_per_node N -m glm_port.generate --tensor-parallel-size T --pipeline-parallel-size P``:
-shim's ``setup_dist_util`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
+shim's ``setup_layout`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
 model's layers are built split over the T tensor-parallel ranks and each rank reads its own slices of the
 weights. Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
 they pick the same tokens; sampling uses one seed, broadcast from rank 0. Data parallel splits the
@@ -19,10 +19,12 @@ import shim.distributed as dist
 
 @dataclass(frozen=True)
 class ModelParallel:
-    """What a family's loader needs to know: this rank's place in the tensor-parallel group."""
+    """What a family's loader needs to know: this rank's place in the tensor-parallel group, and its
+    pipeline stage (``glm_port.distributed.PipelineStage``) when the layers are split into stages."""
 
     size: int
     rank: int
+    pipeline: object = None
 
 
 class InferenceParallel:
@@ -46,15 +48,15 @@ class InferenceParallel:
             raise ValueError(f"--tensor-parallel-size {tensor_parallel_size} x --pipeline-parallel-size "
                              f"{pipeline_parallel_size} does not divide the {world} processes (launch with "
                              f"torchrun --nproc_per_node a multiple of {model_parallel})")
-        if pipeline_parallel_size > 1:
-            raise ValueError("--pipeline-parallel-size > 1 is not available for generation yet; use "
-                             "--tensor-parallel-size")
+        if pipeline_parallel_size > 1 and tensor_parallel_size > 1:
+            raise ValueError("--pipeline-parallel-size with --tensor-parallel-size > 1 is not available for "
+                             "generation yet; use one of them")
         if world == 1:
             return cls(device)
         started = not dist.is_initialized()
         if started:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        layout = dist.setup_dist_util(tensor_parallel_size=tensor_parallel_size,
+        layout = dist.setup_layout(tensor_parallel_size=tensor_parallel_size,
                                       pipeline_parallel_size=pipeline_parallel_size,
                                       pipeline_num_layers=pipeline_num_layers)
         return cls(device, layout, started)
@@ -64,9 +66,16 @@ class InferenceParallel:
         return self.layout is not None
 
     def model_parallel(self) -> ModelParallel | None:
-        if not self.distributed or self.layout.tensor_parallel_size == 1:
+        if not self.distributed:
             return None
-        return ModelParallel(self.layout.tensor_parallel_size, self.layout.tensor_parallel_rank)
+        layout = self.layout
+        if layout.pipeline_parallel_size > 1:
+            from glm_port.distributed import PipelineStage
+
+            return ModelParallel(1, 0, PipelineStage(layout))
+        if layout.tensor_parallel_size == 1:
+            return None
+        return ModelParallel(layout.tensor_parallel_size, layout.tensor_parallel_rank)
 
     def seed(self, seed: int | None) -> None:
         """One seed on every rank (rank 0's when none is given), so sampling agrees across the group."""
@@ -85,7 +94,7 @@ class InferenceParallel:
 
     def gather_results(self, results: list[tuple[int, dict]]) -> list[dict]:
         """``(prompt index, result)`` of every data-parallel group, in the prompts' order."""
-        if self.distributed and self.layout.data_parallel_size > 1:
+        if self.distributed and self.layout.data_parallel_size * self.layout.pipeline_parallel_size > 1:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, results)
             # One copy per data-parallel group: its tensor-parallel rank 0.

@@ -7,7 +7,9 @@ generation, finetuning) take any registered family; nothing here imports a famil
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,9 @@ class Family:
     # Module with ``load(path, ...) -> (model, tokenizer)`` and ``generate(model, tokenizer, prompts, ...)``,
     # what glm-generate drives (glm_port.generation); None: the family does not generate.
     generation: str | None = None
+    # Module with glm-finetune's binding (load, encode, collate, logits, generate, save...: see
+    # glm_port/models/glm/finetune.py); None: the family is not finetuned by glm-finetune.
+    finetune: str | None = None
 
     def load(self, attribute: str):
         return getattr(importlib.import_module(self.module), attribute)
@@ -27,7 +32,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
-                  generation="glm_port.models.glm.generation"),
+                  generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune"),
+    "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
+                       generation="glm_port.models.chatglm2.generation",
+                       finetune="glm_port.models.chatglm2.finetune"),
 }
 
 
@@ -46,3 +54,18 @@ def family_for(model_type: str | None) -> Family:
 
 def register(family: Family) -> None:
     FAMILIES[family.name] = family
+
+
+def family_at(path) -> Family:
+    """The family of the weights at ``path``: its (or its folder's) ``config.json``'s ``model_type``; GLM
+    where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain checkpoints)."""
+    path = Path(path)
+    for directory in (path if path.is_dir() else path.parent, path.parent):
+        config = directory / "config.json"
+        if config.is_file():
+            try:
+                model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{config}: not valid JSON ({error.msg})") from None
+            return family_for(model_type) if model_type else FAMILIES["glm"]
+    return FAMILIES["glm"]

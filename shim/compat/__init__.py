@@ -10,6 +10,8 @@ very objects, or their absence), and both are idempotent. When the active device
   int ``torch.cuda.current_device()``) given to factories, ``.to()``, ``Tensor.new_*`` and
   ``torch.load(map_location=...)``: they land on the active device, as do GPU-saved tensors loaded
   without a ``map_location`` (see ``shim.compat.devices``);
+- ``tensor.type()`` of a tensor on the active device names its ``torch.cuda.*Tensor`` type (what
+  CUDA-era code compares it with), as ``shim.compat.devices.tensor_type``;
 - ``init_process_group`` / ``new_group`` with ``backend='nccl'``: gloo;
 - ``DistributedDataParallel(module, device_ids=[i], output_device=i)`` on a CPU module: the ids are dropped.
 
@@ -60,6 +62,7 @@ def _patches() -> list[tuple[object, str, object]]:
         (torch.nn.Module, "to", devices.to_mapped(torch.nn.Module.to)),
         (torch.nn.Module, "to_empty", devices.device_kwarg_mapped(torch.nn.Module.to_empty)),
         (torch.Tensor, "cuda", devices.tensor_cuda),
+        (torch.Tensor, "type", devices.type_mapped(torch.Tensor.type)),
         (torch.nn.Module, "cuda", devices.module_cuda),
         (torch, "load", devices.load_mapped(torch.load)),
     ]

@@ -19,6 +19,8 @@ import torch
 
 from shim._device import active_device
 
+__all__ = ["TENSOR_METHODS", "device_kwarg_mapped", "factory_names", "load_mapped", "means_cuda", "module_cuda", "tensor_cuda", "tensor_type", "to_mapped", "type_mapped"]
+
 
 def means_cuda(device) -> bool:
     """True for 'cuda', 'cuda:1', torch.device('cuda') and a bare int index (torch reads it as CUDA)."""
@@ -106,3 +108,46 @@ def tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.prese
 def module_cuda(self, device=None):
     """``Module.cuda()`` without CUDA: parameters and buffers moved to the active device."""
     return self.to(active_device())
+
+
+def _cudaless_type_target(dtype):
+    """What a ``.type(...)`` argument naming a CUDA type means without CUDA: the CPU type of the
+    same dtype (``'torch.cuda.HalfTensor'``, ``torch.cuda.HalfTensor`` as cudaless serves it)."""
+    if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+        return "torch." + dtype[len("torch.cuda."):]
+    cpu_type = getattr(dtype, "cpu_type", None)  # shim.compat.cudaless's legacy types
+    return cpu_type if cpu_type is not None else dtype
+
+
+def tensor_type(tensor, dtype=None, non_blocking=False, **kwargs):
+    """``tensor.type(...)`` as CUDA-era code uses it, on a machine whose active device stands in for CUDA.
+
+    With no dtype, the type's name as that code compares it (``== 'torch.cuda.FloatTensor'``): a tensor
+    on the active device, when it is not a CUDA GPU, is named by its ``torch.cuda.*Tensor`` type, the
+    type ``torch.cuda.FloatTensor(...)`` builds there. With a dtype naming a CUDA type (the string such
+    a name, or ``torch.cuda.HalfTensor``), the conversion to that dtype on the active device. Anything
+    else, and any object that is not a tensor (``arr.dtype.type(0)``), is the object's own ``type``."""
+    if not isinstance(tensor, torch.Tensor):
+        args = () if dtype is None else (dtype,)
+        return tensor.type(*args, **kwargs) if not non_blocking else tensor.type(*args, non_blocking, **kwargs)
+    active = active_device()
+    if dtype is None and not kwargs:
+        name = torch._C.TensorBase.type(tensor)  # torch's own, whether or not shim.compat is installed
+        if active.type != "cuda" and tensor.device.type == active.type and name.startswith("torch.") \
+                and not name.startswith("torch.cuda."):
+            return "torch.cuda." + name[len("torch."):]
+        return name
+    if active.type != "cuda":
+        converted = torch._C.TensorBase.type(tensor, _cudaless_type_target(dtype), non_blocking, **kwargs)
+        return converted.to(active) if converted.device != active else converted
+    return torch._C.TensorBase.type(tensor, dtype, non_blocking, **kwargs)
+
+
+def type_mapped(type_method):
+    """``Tensor.type`` for ``shim.compat.install()``: :func:`tensor_type`'s names and conversions."""
+
+    @functools.wraps(type_method)
+    def wrapper(self, dtype=None, non_blocking=False, **kwargs):
+        return tensor_type(self, dtype, non_blocking, **kwargs)
+
+    return wrapper

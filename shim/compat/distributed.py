@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+__all__ = ["ddp_init_without_gpu_ids", "nccl_as_gloo"]
+
 
 def _gloo_for_nccl(backend):
     return "gloo" if isinstance(backend, str) and backend.lower() == "nccl" else backend

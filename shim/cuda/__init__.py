@@ -24,6 +24,10 @@ _torch_getattr, _torch_dir = _forward_to(_torch.cuda, globals())
 
 
 def __getattr__(name: str):
+    if name == "nvtx":  # shim's own submodule: ranges that are no-ops without CUDA
+        import shim.cuda.nvtx as nvtx
+
+        return nvtx
     if name in _CUDALESS and _active_device().type != "cuda":
         return getattr(_cudaless, name)
     return _torch_getattr(_RENAMED.get(name, name))

@@ -268,9 +268,9 @@ def destroy_process_group(group=None) -> None:
     destroyed = set(_dist.distributed_c10d._world.pg_map) if whole_world else {group}
     _dist.destroy_process_group(group)
     if whole_world:
-        from shim.distributed.layout import reset_dist_util
+        from shim.distributed.layout import reset_layout
 
-        reset_dist_util()  # its meshes name groups that no longer exist
+        reset_layout()  # its meshes name groups that no longer exist
     _forget_in_device_meshes(destroyed)
 
 

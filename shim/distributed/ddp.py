@@ -83,9 +83,9 @@ def data_parallel(module: torch.nn.Module, *, shard: bool = False) -> torch.nn.M
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from shim.distributed.layout import get_dist_util
+    from shim.distributed.layout import get_layout
 
-    layout = get_dist_util()
+    layout = get_layout()
     if layout.data_parallel_size == 1:
         return module
     if shard or any(isinstance(p, DTensor) for p in module.parameters()):

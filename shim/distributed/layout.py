@@ -1,14 +1,20 @@
-"""The parallel layout: LiBai's four numbers turned into DeviceMeshes.
+"""The parallel layout: how the ranks split into data, tensor and pipeline parallel groups.
 
-``setup_dist_util(data_parallel_size=, tensor_parallel_size=, pipeline_parallel_size=,
-pipeline_num_layers=)`` arranges the ranks as a grid ``[pp][dp][tp]`` (tensor
-parallel neighbours have adjacent ranks, as in Megatron) and builds:
+One name for one concept: a *layout* (:class:`ParallelLayout`) is the arrangement of the
+ranks; its *meshes* are torch ``DeviceMesh``es. ``setup_layout(data_parallel_size=,
+tensor_parallel_size=, pipeline_parallel_size=, pipeline_num_layers=)`` arranges the ranks
+as a grid ``[pp][dp][tp]`` (tensor-parallel neighbours have adjacent ranks, as in Megatron)
+and builds:
 
 - the root mesh, dims ``("pp", "dp", "tp")``;
-- one mesh per pipeline stage, dims ``("dp", "tp")``: a layer's *placement*
-  (``get_layer_placement(layer_idx)``), on which its weights are DTensors.
+- one mesh per pipeline stage, dims ``("dp", "tp")``: ``layer_mesh(layer_idx)``, the mesh
+  a layer's weights are DTensors on.
 
 Every size is checked against the world size before any collective starts.
+
+LiBai calls the layout ``dist_util`` and a layer's mesh its *placement*; its names
+(``setup_dist_util``, ``get_dist_util``, ``get_layer_placement``, ``get_nd_sbp``,
+``get_hidden_sbp``) are at the end of this module, as aliases for LiBai-era code.
 """
 
 from __future__ import annotations
@@ -26,14 +32,19 @@ __all__ = [
     "ParallelLayout",
     "current_layout",
     "ensure_divisible",
+    "get_layout",
+    "is_main_process",
+    "layer_mesh",
+    "reset_layout",
+    "setup_layout",
+    "world_size",
+    # LiBai's names
     "get_dist_util",
     "get_hidden_sbp",
     "get_layer_placement",
     "get_nd_sbp",
-    "is_main_process",
     "reset_dist_util",
     "setup_dist_util",
-    "world_size",
 ]
 
 if TYPE_CHECKING:  # DeviceMesh and DTensor take seconds to import: loaded when a layout is built
@@ -144,7 +155,7 @@ def world_size() -> int:
     return _dist.get_world_size() if _dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup_dist_util(
+def setup_layout(
     data_parallel_size: int | None = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
@@ -178,29 +189,41 @@ def setup_dist_util(
 
 
 def current_layout() -> ParallelLayout | None:
-    """The layout ``setup_dist_util`` built, or None before it runs."""
+    """The layout ``setup_layout`` built, or None before it runs."""
     return _layout
 
 
-def get_dist_util() -> ParallelLayout:
+def get_layout() -> ParallelLayout:
     """The layout, set up with defaults (all data parallel) if nobody did so yet."""
-    return _layout if _layout is not None else setup_dist_util()
+    return _layout if _layout is not None else setup_layout()
 
 
-def reset_dist_util() -> None:
+def reset_layout() -> None:
     """Forget the layout (the process group stays)."""
     global _layout
     _layout = None
 
 
-def get_layer_placement(layer_idx: int = 0) -> DeviceMesh:
+def layer_mesh(layer_idx: int = 0) -> DeviceMesh:
     """The ``("dp", "tp")`` mesh of the pipeline stage that holds layer ``layer_idx``."""
-    layout = get_dist_util()
+    layout = get_layout()
     return layout.stage_meshes[layout.layer_stage(layer_idx)]
 
 
+def is_main_process() -> bool:
+    return not _dist.is_initialized() or _dist.get_rank() == 0
+
+
+# --- LiBai's names (libai.utils.distributed) ------------------------------------------------
+# The same functions under the names LiBai-era code calls; new code uses the names above.
+setup_dist_util = setup_layout
+get_dist_util = get_layout
+reset_dist_util = reset_layout
+get_layer_placement = layer_mesh
+
+
 def get_nd_sbp(sbp_list) -> tuple[Placement, ...]:
-    """The placements for a tensor on a layer placement, given as ``[sbp over dp, sbp over tp]``."""
+    """The placements for a tensor on a layer's mesh, given as ``[sbp over dp, sbp over tp]``."""
     from torch.distributed.tensor import Placement
 
     sbp = tuple(sbp_list)
@@ -214,7 +237,3 @@ def get_hidden_sbp() -> tuple[Placement, ...]:
     from torch.distributed.tensor import Replicate, Shard
 
     return get_nd_sbp([Shard(0), Replicate()])
-
-
-def is_main_process() -> bool:
-    return not _dist.is_initialized() or _dist.get_rank() == 0

@@ -1,6 +1,6 @@
-"""Pipeline parallelism: a layer's stage (from ``setup_dist_util``) runs through torch.distributed.pipelining.
+"""Pipeline parallelism: a layer's stage (from ``setup_layout``) runs through torch.distributed.pipelining.
 
-A layer's placement over pipeline stages has no DTensor form, so each rank
+Splitting layers over pipeline stages has no DTensor form, so each rank
 builds only the layers of its own stage (``stage_layers()``) and hands that
 module to ``pipeline_schedule``, which wraps it as a ``PipelineStage`` on the
 layout's ``pp`` group and returns torch's schedule. Then, as in torch::
@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from shim._device import active_device
-from shim.distributed.layout import get_dist_util
+from shim.distributed.layout import get_layout
 
 __all__ = ["pipeline_schedule", "stage_layers"]
 
@@ -25,7 +25,7 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 def stage_layers(stage: int | None = None) -> range:
     """The layer indices ``[0, pipeline_num_layers)`` that ``stage`` (default: this rank's) holds."""
-    layout = get_dist_util()
+    layout = get_layout()
     return layout.stage_layers(layout.pipeline_stage if stage is None else stage)
 
 
@@ -38,7 +38,7 @@ def pipeline_schedule(stage_module: nn.Module, n_microbatches: int, loss_fn=None
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"pipeline_schedule(schedule={schedule!r}): expected one of {sorted(SCHEDULES)}")
-    layout = get_dist_util()
+    layout = get_layout()
     if n_microbatches < layout.pipeline_parallel_size and schedule == "1f1b":
         raise ValueError(
             f"1F1B needs at least as many microbatches ({n_microbatches}) as stages ({layout.pipeline_parallel_size})"

@@ -1,14 +1,14 @@
 """Megatron's ``mpu`` surface, as GLM-era code calls it, on the DeviceMesh of :mod:`shim.distributed`.
 
-``initialize_model_parallel(n)`` is ``setup_dist_util(tensor_parallel_size=n)``;
+``initialize_model_parallel(n)`` is ``setup_layout(tensor_parallel_size=n)``;
 the groups are the mesh's ``tp`` ("model parallel") and ``dp`` dims; the layers
 are :mod:`shim.nn.tensor_parallel`'s (DTensor weights); the region functions
 are DTensor redistributions; ``checkpoint`` and the RNG tracker are
-:mod:`shim.checkpointing`'s, which replays the tracker on recompute; ``LayerNorm``
+:mod:`shim.recompute`'s, which replays the tracker on recompute; ``LayerNorm``
 is ``shim.nn.FusedLayerNorm`` (apex's, which upstream's ``mpu`` re-exports).
 """
 
-from shim.checkpointing import checkpoint, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+from shim.recompute import checkpoint, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 from shim.mpu.cross_entropy import vocab_parallel_cross_entropy
 from shim.mpu.data import broadcast_data
 from shim.mpu.grads import clip_grad_norm

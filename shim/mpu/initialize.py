@@ -1,4 +1,4 @@
-"""Megatron's model/data-parallel groups, read off the DeviceMesh that ``setup_dist_util`` builds.
+"""Megatron's model/data-parallel groups, read off the DeviceMesh that ``setup_layout`` builds.
 
 "Model parallel" is the mesh's ``tp`` dim (adjacent ranks), "data parallel" its
 ``dp`` dim (ranks ``tp_size`` apart), exactly Megatron's grouping.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed as _dist
 
-from shim.distributed.layout import ParallelLayout, current_layout, reset_dist_util, setup_dist_util, world_size
+from shim.distributed.layout import ParallelLayout, current_layout, reset_layout, setup_layout, world_size
 
 __all__ = [
     "destroy_model_parallel",
@@ -32,7 +32,7 @@ def initialize_model_parallel(model_parallel_size_: int) -> None:
     """
     if current_layout() is not None:
         raise RuntimeError("model parallel is already initialized; call destroy_model_parallel() first")
-    setup_dist_util(tensor_parallel_size=min(model_parallel_size_, world_size()))
+    setup_layout(tensor_parallel_size=min(model_parallel_size_, world_size()))
     if _dist.get_rank() == 0:
         print(f"> initializing model parallel with size {get_model_parallel_world_size()}", flush=True)
 
@@ -42,7 +42,7 @@ def model_parallel_is_initialized() -> bool:
 
 
 def destroy_model_parallel() -> None:
-    reset_dist_util()
+    reset_layout()
 
 
 def _layout() -> ParallelLayout:

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.nn import init
 
-from shim.distributed.layout import ensure_divisible, get_dist_util
+from shim.distributed.layout import ensure_divisible, get_layout
 from shim.nn.tensor_parallel import (
     Linear1D,
     VocabParallelEmbedding as _VocabParallelEmbedding,
@@ -90,7 +90,7 @@ class ParallelEmbedding(nn.Embedding):
     """Embedding split over the embedding dim; every rank gets the whole (gathered) output."""
 
     def __init__(self, num_embeddings, embedding_dim, init_method=init.xavier_normal_, keep_master_weight_for_test=False):
-        tp_size = get_dist_util().tensor_parallel_size
+        tp_size = get_layout().tensor_parallel_size
         ensure_divisible(embedding_dim, tp_size, "ParallelEmbedding embedding_dim", "tensor_parallel_size")
         super().__init__(num_embeddings, embedding_dim)
         with torch.no_grad():

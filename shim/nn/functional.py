@@ -11,13 +11,9 @@ Every other name is torch.nn.functional's own object.
 import torch.nn.functional as _torch_functional
 
 from shim._forward import forward_to as _forward_to
+from shim.ops.attention import fused_masked_attention  # noqa: F401 (exported)
+from shim.ops.bias_act import fused_bias_add_gelu  # noqa: F401 (exported)
+from shim.ops.bias_dropout import fused_bias_add_dropout  # noqa: F401 (exported)
+from shim.ops.cross_entropy import sparse_softmax_cross_entropy  # noqa: F401 (exported)
 
-# name -> module that defines it (imported on first use)
-_OWN = {
-    "sparse_softmax_cross_entropy": "shim.ops.cross_entropy",
-    "fused_bias_add_gelu": "shim.ops.bias_act",
-    "fused_bias_add_dropout": "shim.ops.bias_dropout",
-    "fused_masked_attention": "shim.ops.attention",
-}
-
-__getattr__, __dir__ = _forward_to(_torch_functional, globals(), own=_OWN)
+__getattr__, __dir__ = _forward_to(_torch_functional, globals())

@@ -1,8 +1,8 @@
 """Tensor-parallel layers (LiBai's ``Linear1D`` / Megatron's ``VocabParallelEmbedding``) on DTensor.
 
 A layer is built whole on every rank, then ``parallelize_module`` shards its
-weight over the tensor-parallel dim of the layer's placement
-(``shim.distributed.get_layer_placement(layer_idx)["tp"]``), scattering rank 0's
+weight over the tensor-parallel dim of the layer's mesh
+(``shim.distributed.layer_mesh(layer_idx)["tp"]``), scattering rank 0's
 values. Inputs and outputs stay plain local tensors, so these layers drop into
 ordinary modules:
 
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from shim.distributed.layout import current_layout, ensure_divisible, get_layer_placement
+from shim.distributed.layout import current_layout, ensure_divisible, layer_mesh
 
 __all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "strided_order"]
 
@@ -62,7 +62,7 @@ def heads_per_rank(num_attention_heads: int) -> int:
 
 
 def _tensor_parallel_mesh(layer_idx: int):
-    return get_layer_placement(layer_idx)["tp"]
+    return layer_mesh(layer_idx)["tp"]
 
 
 def _tensor_parallel_size() -> int:

@@ -25,6 +25,8 @@ from torch.autograd.function import once_differentiable
 
 from shim.ops.dropout_mask import apply_keep, keep_mask
 
+__all__ = ["BLOCK_ELEMENTS", "fused_masked_attention"]
+
 # Scores per block, in elements: 512 Ki floats (2 MiB) keeps a block's passes in a 2-core machine's
 # cache and amortises the Python loop (bench/attention.py --block-elements).
 BLOCK_ELEMENTS = 512 * 1024

@@ -19,6 +19,8 @@ from torch.autograd.function import once_differentiable
 
 from shim.ops._cuda import compiled_on_first_use
 
+__all__ = ["bias_grad", "check_bias", "fused_bias_add_gelu"]
+
 _APPROXIMATIONS = ("tanh", "none")
 
 

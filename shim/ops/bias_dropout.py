@@ -18,6 +18,8 @@ from shim.ops._cuda import compiled_on_first_use
 from shim.ops.bias_act import bias_grad, check_bias
 from shim.ops.dropout_mask import apply_keep, keep_mask
 
+__all__ = ["fused_bias_add_dropout"]
+
 
 def fused_bias_add_dropout(x, bias, p: float, training: bool = True, residual=None):
     """``dropout(x + bias, p, training) (+ residual)``; output dtype of ``x``.

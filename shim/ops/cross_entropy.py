@@ -12,6 +12,10 @@ logits-sized buffer, and that buffer becomes the gradient:
 - fp16/bf16 (and fp64) on CPU: the logits and an fp32 logsumexp per row are saved; backward
   widens blocks of rows to fp32 one at a time, so no fp32 copy of the whole logits exists.
 - CUDA: as fp16/bf16, with the block loop replaced by a ``torch.compile``d kernel.
+
+The two kernel steps live in :mod:`shim.ops.softmax_rows`; the vocab-parallel op
+(:mod:`shim.ops.vocab_parallel_cross_entropy`) shares them, and this module hands sharded
+logits to it (it never imports this module back).
 """
 
 from __future__ import annotations
@@ -21,11 +25,10 @@ import sys
 import torch
 from torch.autograd.function import once_differentiable
 
-from shim.ops._cuda import compiled_on_first_use
+from shim.ops.softmax_rows import logsumexp_rows, softmax_minus_onehot_scaled
+from shim.ops.vocab_parallel_cross_entropy import vocab_parallel_sparse_softmax_cross_entropy
 
-# Elements per CPU block of the fp16/bf16 path (16 MiB once widened, inside L3). Smaller
-# blocks mean more parallel regions, which cost dearly when other processes share the cores.
-_BLOCK_ELEMENTS = 1 << 22
+__all__ = ["sparse_softmax_cross_entropy"]
 
 
 def sparse_softmax_cross_entropy(logits, labels, *, process_group=None):
@@ -46,18 +49,12 @@ def sparse_softmax_cross_entropy(logits, labels, *, process_group=None):
         local_logits, group = vocab_sharded
         local_labels = labels.to_local() if _is_dtensor(labels) else labels
         _check_inputs(local_logits, local_labels, check_range=False)
-        return _vocab_parallel(local_logits, local_labels, group)
+        return vocab_parallel_sparse_softmax_cross_entropy(local_logits, local_labels, group)
     if process_group is not None and process_group.size() > 1:
         _check_inputs(logits, labels, check_range=False)
-        return _vocab_parallel(logits, labels, process_group)
+        return vocab_parallel_sparse_softmax_cross_entropy(logits, labels, process_group)
     _check_inputs(logits, labels, check_range=True)
     return _cross_entropy(logits, labels)
-
-
-def _vocab_parallel(local_logits, labels, group):
-    from shim.ops.vocab_parallel_cross_entropy import vocab_parallel_sparse_softmax_cross_entropy
-
-    return vocab_parallel_sparse_softmax_cross_entropy(local_logits, labels, group)
 
 
 def _is_dtensor(tensor) -> bool:
@@ -104,10 +101,6 @@ def _check_inputs(logits, labels, *, check_range: bool) -> None:
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise ValueError(f"{where}: label {bad} out of range for vocab size {vocab} (labels must be in [0, {vocab}))")
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _cross_entropy(logits, labels):
@@ -168,60 +161,3 @@ class _RecomputeCrossEntropy(torch.autograd.Function):
         logits_2d, labels_1d, lse = ctx.saved_tensors
         grad = softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss.to(lse.dtype))
         return grad, None
-
-
-def _rows_per_block(vocab: int) -> int:
-    return max(1, _BLOCK_ELEMENTS // vocab)
-
-
-# The two kernel steps, public: they are also the local steps of shim.ops.vocab_parallel_cross_entropy.
-def logsumexp_rows(logits_2d, at=None):
-    """Per-row logsumexp, in fp32 or wider; on CPU one block of rows widened at a time.
-
-    On CPU it is ``x[j] - log_softmax(x)[j]`` for a column ``j`` per row: one log-softmax
-    kernel per block costs a third of ``torch.logsumexp`` (an ATen composite of five
-    passes). ``j`` is ``at`` (the labels: the loss needs ``log_softmax(x)[label]`` anyway,
-    and the rounding is that of the loss) or else the row's argmax, where the log-softmax
-    is near 0 and nothing cancels.
-    """
-    if logits_2d.is_cuda:
-        return _logsumexp_cuda(logits_2d)
-    work = _work_dtype(logits_2d.dtype)
-    lse = torch.empty(logits_2d.shape[0], dtype=work, device=logits_2d.device)
-    step = _rows_per_block(logits_2d.shape[1])
-    for start in range(0, logits_2d.shape[0], step):
-        rows = slice(start, start + step)
-        block = logits_2d[rows].to(work)
-        column = block.argmax(dim=1, keepdim=True) if at is None else at[rows, None]
-        log_probs = torch.log_softmax(block, dim=1)
-        torch.sub(block.gather(1, column).squeeze(1), log_probs.gather(1, column).squeeze(1), out=lse[rows])
-    return lse
-
-
-def softmax_minus_onehot_scaled(logits_2d, labels_1d, lse, grad_loss_1d):
-    """``(exp(logits - lse) - onehot(labels)) * grad_loss`` in the logits' dtype, one logits-sized buffer."""
-    if logits_2d.is_cuda:
-        return _softmax_grad_cuda(logits_2d, labels_1d, lse, grad_loss_1d)
-    grad = torch.empty_like(logits_2d, memory_format=torch.contiguous_format)
-    step = _rows_per_block(logits_2d.shape[1])
-    for start in range(0, logits_2d.shape[0], step):
-        rows = slice(start, start + step)
-        # widen first: a mixed-dtype subtraction takes ATen's slow path
-        block = logits_2d[rows].to(lse.dtype, copy=True)
-        block.sub_(lse[rows, None]).exp_().mul_(grad_loss_1d[rows, None])
-        block.scatter_add_(1, labels_1d[rows, None], grad_loss_1d[rows, None].neg())
-        grad[rows].copy_(block)
-    return grad
-
-
-@compiled_on_first_use
-def _logsumexp_cuda(logits_2d):
-    return torch.logsumexp(logits_2d.to(_work_dtype(logits_2d.dtype)), dim=1)
-
-
-@compiled_on_first_use
-def _softmax_grad_cuda(logits_2d, labels_1d, lse, grad_loss_1d):
-    vocab_ids = torch.arange(logits_2d.shape[1], device=logits_2d.device)
-    onehot = (vocab_ids[None, :] == labels_1d[:, None]).to(lse.dtype)
-    probs = torch.exp(logits_2d.to(lse.dtype) - lse[:, None])
-    return ((probs - onehot) * grad_loss_1d[:, None]).to(logits_2d.dtype)

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+__all__ = ["apply_keep", "keep_mask"]
+
 _INT32_RANGE = 2**32
 _INT32_MIN = -(2**31)
 _INT64_MIN = -(2**63)

@@ -11,7 +11,12 @@ Two all-reduces: the max of the ``lse_r`` (for a stable sum), then one sum of
 ``[exp(lse_r - max), target logit or 0]`` stacked. The forward keeps the local
 logits it was given and one ``lse`` per position; the backward writes
 ``softmax - onehot`` into one logits-sized buffer, with the kernels of the
-single-process :mod:`shim.ops.cross_entropy`. Math is fp32 for half/bf16 logits.
+single-process :mod:`shim.ops.cross_entropy` (:mod:`shim.ops.softmax_rows`). Math is fp32
+for half/bf16 logits.
+
+Like every op, this module imports only torch and lower ops: the collectives are
+``torch.distributed``'s own, on the ``process_group`` the caller passes (a group of one
+needs none, so shim's ``SingleProcessGroup`` works too).
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from shim.distributed.collectives import all_reduce, get_rank, get_world_size
-from shim.ops.cross_entropy import logsumexp_rows, softmax_minus_onehot_scaled
+from shim.ops.softmax_rows import logsumexp_rows, softmax_minus_onehot_scaled
 
 __all__ = ["vocab_parallel_sparse_softmax_cross_entropy"]
 
 
-def vocab_parallel_sparse_softmax_cross_entropy(local_logits, labels, process_group):
-    """Per-position loss (``labels``' shape) of vocab-sharded ``local_logits [..., V/p]``."""
+def vocab_parallel_sparse_softmax_cross_entropy(local_logits, labels, process_group=None):
+    """Per-position loss (``labels``' shape) of vocab-sharded ``local_logits [..., V/p]``.
+
+    ``process_group``: the ranks the vocab is split over (default: the whole world).
+    """
+    if process_group is None:
+        process_group = torch.distributed.group.WORLD
     return _VocabParallelCrossEntropy.apply(local_logits, labels, process_group)
 
 
@@ -35,19 +44,19 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, local_logits, labels, group):
         local_vocab = local_logits.shape[-1]
         logits_2d = local_logits.reshape(-1, local_vocab)
-        vocab_start = get_rank(group=group) * local_vocab
+        vocab_start = group.rank() * local_vocab
         global_labels = labels.reshape(-1).long()
-        _check_label_range(global_labels, local_vocab * get_world_size(group=group))
+        _check_label_range(global_labels, local_vocab * group.size())
         local_labels = global_labels - vocab_start
         here = (local_labels >= 0) & (local_labels < local_vocab)
         local_labels = local_labels.where(here, 0)
 
         local_lse = logsumexp_rows(logits_2d)
         global_max = local_lse.clone()
-        all_reduce(global_max, op=torch.distributed.ReduceOp.MAX, group=group)
+        _all_reduce(global_max, torch.distributed.ReduceOp.MAX, group)
         target = logits_2d.gather(1, local_labels[:, None]).squeeze(1).to(local_lse.dtype)
         sums = torch.stack([(local_lse - global_max).exp(), target.where(here, 0.0)])
-        all_reduce(sums, group=group)
+        _all_reduce(sums, torch.distributed.ReduceOp.SUM, group)
         lse = global_max + sums[0].log()
 
         ctx.save_for_backward(logits_2d, local_labels, here, lse)
@@ -65,6 +74,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         elsewhere = (~here).nonzero().squeeze(1)
         grad[elsewhere, 0] += grad_loss_1d[elsewhere].to(grad.dtype)
         return grad.view(ctx.logits_shape), None, None
+
+
+def _all_reduce(tensor, op, group) -> None:
+    if group.size() > 1:
+        torch.distributed.all_reduce(tensor, op=op, group=group)
 
 
 def _check_label_range(labels, vocab: int) -> None:

@@ -18,6 +18,8 @@ import contextlib
 
 import torch
 
+__all__ = ["DeepSpeedCPUAdam", "FusedAdam", "FusedSGD"]
+
 
 def _listed(params) -> list:
     """``params`` as a list, each group's own ``params`` too (they may be one-shot generators)."""

@@ -1,4 +1,4 @@
-"""shim.checkpointing: DeepSpeed's activation-checkpointing API, RNG tracker replayed on recompute."""
+"""shim.recompute (DeepSpeed's name: shim.checkpointing): activation recompute, RNG tracker replayed."""
 
 import json
 
@@ -6,7 +6,17 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import shim.checkpointing as ckpt
+import shim.checkpointing
+import shim.recompute as ckpt
+
+
+def test_checkpointing_is_deepspeeds_name_for_recompute():
+    import shim.deepspeed
+
+    assert shim.deepspeed.checkpointing is shim.checkpointing
+    for name in shim.checkpointing.__all__:
+        assert getattr(shim.checkpointing, name) is getattr(ckpt, name), name
+    assert set(shim.checkpointing.__all__) == set(ckpt.__all__)
 
 
 @pytest.fixture(autouse=True)

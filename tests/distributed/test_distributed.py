@@ -21,11 +21,14 @@ def test_torch_names_forward():
 
 def test_own_names_resolve_to_their_objects_after_submodule_imports():
     import importlib
+    import pkgutil
     import types
 
-    for module in set(sdist._OWN.values()):
-        importlib.import_module(module)  # importing a submodule must not shadow a public name
-    for name in sdist._OWN:
+    own = set(sdist.__all__) - {n for n in dir(dist) if not n.startswith("_")}
+    assert {"all_reduce_flat", "setup_layout", "stage_layers"} <= own
+    for module in pkgutil.iter_modules(sdist.__path__, "shim.distributed."):
+        importlib.import_module(module.name)  # importing a submodule must not shadow a public name
+    for name in own:
         assert not isinstance(getattr(sdist, name), types.ModuleType), name
 
 
@@ -91,18 +94,40 @@ def test_nccl_without_cuda_becomes_gloo(monkeypatch):
         dist.destroy_process_group()
 
 
-def test_setup_dist_util_in_one_process(world_of_one):
-    layout = sdist.setup_dist_util(pipeline_num_layers=4)
+def test_setup_layout_in_one_process(world_of_one):
+    layout = sdist.setup_layout(pipeline_num_layers=4)
     assert (layout.data_parallel_size, layout.tensor_parallel_size, layout.pipeline_parallel_size) == (1, 1, 1)
     assert layout.tensor_parallel_rank == 0 and layout.data_parallel_rank == 0
-    placement = sdist.get_layer_placement(3)
-    assert placement.mesh_dim_names == ("dp", "tp") and placement.mesh.tolist() == [[0]]
+    assert sdist.get_layout() is layout and sdist.current_layout() is layout
+    mesh = sdist.layer_mesh(3)
+    assert mesh.mesh_dim_names == ("dp", "tp") and mesh.mesh.tolist() == [[0]]
     assert sdist.get_hidden_sbp() == (torch.distributed.tensor.Shard(0), torch.distributed.tensor.Replicate())
     assert sdist.is_main_process()
+    sdist.reset_layout()
+    assert sdist.current_layout() is None
+
+
+def test_libai_names_are_the_layouts():
+    assert sdist.setup_dist_util is sdist.setup_layout
+    assert sdist.get_dist_util is sdist.get_layout
+    assert sdist.reset_dist_util is sdist.reset_layout
+    assert sdist.get_layer_placement is sdist.layer_mesh
+
+
+def test_all_reduce_flat_in_one_process_keeps_values_and_shapes():
+    tensors = [torch.arange(6.0).view(2, 3), torch.ones(4, dtype=torch.float64), torch.arange(3.0)[::2]]
+    before = [t.clone() for t in tensors]
+    sdist.all_reduce_flat(tensors, average=True)
+    for tensor, original in zip(tensors, before):
+        assert tensor.dtype == original.dtype and torch.equal(tensor, original)
+    with pytest.raises(TypeError, match="dense tensors"):
+        sdist.all_reduce_flat([torch.ones(2).to_sparse()])
+    with pytest.raises(ValueError, match="average=True needs"):
+        sdist.all_reduce_flat([torch.ones(2)], op=sdist.ReduceOp.MAX, average=True)
 
 
 def test_pipeline_of_one_stage_matches_the_whole_batch(world_of_one):
-    sdist.setup_dist_util()
+    sdist.setup_layout()
     torch.manual_seed(0)
     model, reference = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
     reference.load_state_dict(model.state_dict())
@@ -128,7 +153,7 @@ def test_pipeline_of_one_stage_matches_the_whole_batch(world_of_one):
 )
 def test_bad_sizes_fail_before_any_collective(sizes, message):
     with pytest.raises(ValueError, match=message):
-        sdist.setup_dist_util(**sizes)
+        sdist.setup_layout(**sizes)
     assert not dist.is_initialized()
 
 
@@ -182,30 +207,44 @@ def check_ddp_averages_gradients_like_one_process():
 def check_tensor_parallel_layout():
     from shim.nn import Linear1D
 
-    layout = sdist.setup_dist_util(tensor_parallel_size=2)
+    layout = sdist.setup_layout(tensor_parallel_size=2)
     try:
         assert layout.data_parallel_size == 1
         assert layout.tensor_parallel_rank == dist.get_rank()
-        assert sdist.get_layer_placement(0).mesh.tolist() == [[0, 1]]
+        assert sdist.layer_mesh(0).mesh.tolist() == [[0, 1]]
         with pytest.raises(TypeError, match=r"use shim.distributed.data_parallel\(model\)"):
             sdist.DistributedDataParallel(Linear1D(4, 4, parallel="col"))
     finally:
-        sdist.reset_dist_util()
+        sdist.reset_layout()
 
 
 def check_pipeline_layout():
-    layout = sdist.setup_dist_util(pipeline_parallel_size=2, pipeline_num_layers=4)
+    layout = sdist.setup_layout(pipeline_parallel_size=2, pipeline_num_layers=4)
     try:
         assert layout.pipeline_stage == dist.get_rank()
-        assert sdist.get_layer_placement(1).mesh.tolist() == [[0]]
-        assert sdist.get_layer_placement(2).mesh.tolist() == [[1]]
+        assert sdist.layer_mesh(1).mesh.tolist() == [[0]]
+        assert sdist.layer_mesh(2).mesh.tolist() == [[1]]
     finally:
-        sdist.reset_dist_util()
+        sdist.reset_layout()
 
 
 def check_bad_sizes_on_two_ranks():
     with pytest.raises(ValueError, match=r"1 \* 1 \* 3 = 3 does not equal the world size \(2\)"):
-        sdist.setup_dist_util(data_parallel_size=1, pipeline_parallel_size=3, pipeline_num_layers=3)
+        sdist.setup_layout(data_parallel_size=1, pipeline_parallel_size=3, pipeline_num_layers=3)
+
+
+def check_all_reduce_flat_equals_one_all_reduce_per_tensor():
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    tensors = [torch.randn(3, 4), torch.randn(5, dtype=torch.float64), torch.randn(2, 6).t(), torch.randn(7)]
+    expected = [t.clone() for t in tensors]
+    for tensor in expected:
+        dist.all_reduce(tensor)  # torch's own, one collective per tensor
+        tensor /= 2
+    sdist.all_reduce_flat(tensors, average=True)
+    for tensor, reference in zip(tensors, expected):
+        assert tensor.dtype == reference.dtype
+        torch.testing.assert_close(tensor, reference)
 
 
 def check_rank_matches_world():
@@ -223,6 +262,7 @@ CHECKS = {
     "tensor_parallel_layout": check_tensor_parallel_layout,
     "pipeline_layout": check_pipeline_layout,
     "bad_sizes": check_bad_sizes_on_two_ranks,
+    "all_reduce_flat": check_all_reduce_flat_equals_one_all_reduce_per_tensor,
 }
 
 

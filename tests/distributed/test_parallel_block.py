@@ -46,11 +46,11 @@ class Block(nn.Module):
 
 @contextlib.contextmanager
 def layout(**sizes):
-    sdist.setup_dist_util(**sizes)
+    sdist.setup_layout(**sizes)
     try:
         yield
     finally:
-        sdist.reset_dist_util()
+        sdist.reset_layout()
 
 
 def _seeded_block(layer_idx):
@@ -139,7 +139,7 @@ def check_pipeline_parallel_2():
     with layout(pipeline_parallel_size=2, pipeline_num_layers=2):
         stage = dist.get_rank()
         assert list(sdist.stage_layers()) == [stage]
-        assert sdist.get_layer_placement(stage).mesh.tolist() == [[stage]]
+        assert sdist.layer_mesh(stage).mesh.tolist() == [[stage]]
         stage_module = nn.Sequential(*[copy.deepcopy(reference[i]) for i in sdist.stage_layers()])
         stage_module.zero_grad()
         schedule = sdist.pipeline_schedule(stage_module, n_microbatches=2, loss_fn=nn.functional.mse_loss)
@@ -152,7 +152,7 @@ def check_bad_configuration_fails_before_collectives():
         with pytest.raises(ValueError, match=r"num_attention_heads \(3\) is not divisible by tensor_parallel_size \(2\)"):
             Block(hidden=12, heads=3)
     with pytest.raises(ValueError, match="does not equal the world size"):
-        sdist.setup_dist_util(data_parallel_size=2, tensor_parallel_size=2)
+        sdist.setup_layout(data_parallel_size=2, tensor_parallel_size=2)
 
 
 def check4_tensor_parallel_2_with_fsdp_data_parallel_2():

@@ -21,11 +21,11 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 @contextlib.contextmanager
 def tensor_parallel(size=2):
-    sdist.setup_dist_util(tensor_parallel_size=size)
+    sdist.setup_layout(tensor_parallel_size=size)
     try:
         yield
     finally:
-        sdist.reset_dist_util()
+        sdist.reset_layout()
 
 
 def _same_on_every_rank(*shape, seed=0):

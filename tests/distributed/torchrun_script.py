@@ -1,6 +1,6 @@
 """Run by test_torchrun.py under ``torchrun --nproc_per_node 2``: nothing initialised by hand.
 
-``setup_dist_util`` starts the process group from the launcher's environment
+``setup_layout`` starts the process group from the launcher's environment
 (env://); a column- then row-parallel pair matches the whole computation; shim's
 ``destroy_process_group`` then frees the groups (their gloo threads joined) before interpreter shutdown.
 """
@@ -12,7 +12,7 @@ import torch
 import shim.distributed as dist
 from shim.nn import Linear1D
 
-layout = dist.setup_dist_util(tensor_parallel_size=2)
+layout = dist.setup_layout(tensor_parallel_size=2)
 assert dist.is_initialized() and dist.get_world_size() == 2 and layout.data_parallel_size == 1
 torch.manual_seed(0)
 reference_up, reference_down = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)

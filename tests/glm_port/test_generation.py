@@ -75,6 +75,17 @@ def test_greedy_cached_equals_recompute(model, tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_static_cache_equals_dynamic_cache(model, tokenizer):
+    inputs = tokenizer.build_inputs_for_generation(TEXTS, max_gen_length=10)
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=[tokenizer.eop_token_id],
+                  pad_token_id=tokenizer.pad_token_id, output_scores=True, return_dict_in_generate=True)
+    dynamic = model.generate(**inputs, **kwargs)
+    static = model.generate(**inputs, cache_implementation="static", **kwargs)
+    assert torch.equal(dynamic.sequences, static.sequences)
+    for a, b in zip(dynamic.scores, static.scores):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_beam_search_equals_exhaustive_search():
     vocab, steps = 5, 3
     model = tiny_model(vocab, seed=3, std=0.5, hidden=32, layers=1)
@@ -106,13 +117,11 @@ def test_generation_options_reach_generation_mixin(model, tokenizer):
     assert len(out) == len(set(out))
     beams = model.generate(**inputs, num_beams=4, num_return_sequences=3, **base)
     assert beams.size(0) == 3
-    a = model.generate(**inputs, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, **base,
-                       generator=None) if False else None
-    torch.manual_seed(5)
-    a = model.generate(**inputs, do_sample=True, top_k=20, temperature=0.8, **base)
-    torch.manual_seed(5)
-    b = model.generate(**inputs, do_sample=True, top_k=20, temperature=0.8, **base)
-    assert torch.equal(a, b)
+    sampled = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        sampled.append(model.generate(**inputs, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, **base))
+    assert torch.equal(sampled[0], sampled[1]) and not torch.equal(sampled[0], sampled[2])
 
 
 def test_eop_stops_and_min_length(tokenizer):

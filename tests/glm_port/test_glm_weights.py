@@ -42,6 +42,14 @@ def test_hf_directories(tmp_path, reference, shards, safetensors, prefix):
     assert not loaded.training
 
 
+def test_from_pretrained_refuses_unknown_arguments(tmp_path, reference):
+    weights.save_hf(upstream_state(reference), tmp_path / "hf", CONFIG.to_dict())
+    with pytest.raises(TypeError, match="unexpected arguments: device_map"):
+        GLMForConditionalGeneration.from_pretrained(tmp_path / "hf", device_map="auto")
+    loaded = GLMForConditionalGeneration.from_pretrained(tmp_path / "hf", torch_dtype=torch.bfloat16)
+    assert loaded.dtype == torch.bfloat16
+
+
 def test_dtype_and_thudm_config_fields(tmp_path, reference):
     config = {"architectures": ["GLMModel"], "model_type": "glm", "num_layers": 2, "hidden_size": 64,
               "num_attention_heads": 4, "vocab_size": 256, "max_sequence_length": 32, "attention_scale": 1.0,

@@ -25,7 +25,7 @@ from glm_port.pretrain_glm import main
 
 COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
           "--train-iters", "4", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
-          "--lr", "3e-3"]
+          "--lr", "3e-3", "--eval-iters", "2", "--eval-interval", "2"]
 RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "data_parallel": (2, ["--batch-size", "2"], ["--batch-size", "4"]),
     "tensor_parallel": (2, ["--batch-size", "4", "--model-parallel-size", "2"], ["--batch-size", "4"]),
@@ -38,10 +38,15 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
 SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
 TIMEOUT_S = 240
 LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
+VALIDATION = re.compile(r"^ validation loss at (.+) \| LM loss: (\S+) \| LM PPL: (\S+)$", re.MULTILINE)
 
 
 def logged_losses(text: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
+
+
+def validation_losses(text: str) -> dict[str, float]:
+    return {m[1]: float(m[2]) for m in VALIDATION.finditer(text)}
 
 
 def _rank_main(rank, world_size, port, out_dir):
@@ -104,11 +109,19 @@ def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
     parallel = logged_losses(logs[f"{name}.0.txt"])
 
     main([*COMMON, *single_argv])
-    single = logged_losses(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    single = logged_losses(out)
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for iteration, loss in single.items():
         assert parallel[iteration] == pytest.approx(loss, rel=1e-4), iteration
     assert single[4] != single[1]  # it trained
+    # Validation (every 2 iterations, at the end) and test: the same numbers as one process.
+    parallel_eval, single_eval = validation_losses(logs[f"{name}.0.txt"]), validation_losses(out)
+    assert list(single_eval) == ["iteration 2", "iteration 4", "the end of training for val data",
+                                 "the end of training for test data"]
+    assert parallel_eval == pytest.approx(single_eval, rel=1e-4)
+    for rank in range(1, world_size):
+        assert validation_losses(logs[f"{name}.{rank}.txt"]) == {}
 
 
 def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(rank_logs, tmp_path, capsys):

@@ -206,3 +206,34 @@ def test_own_rule_tables(src, tmp_path, capsys):
     assert "-import torch\n" not in out  # only the local table applies
     assert main([str(src), "--check", "--rules", str(tmp_path / "missing")]) == 2
     assert "rule tables not found" in capsys.readouterr().err
+
+
+def test_report_opens_with_the_coverage_table(tmp_path):
+    """Per package: found = converted + kept + unconverted, and what to do by hand for the unconverted."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(
+        "import amp_C\n"
+        "import torch\n"
+        "from apex import amp\n"
+        "from apex.multi_tensor_apply import multi_tensor_applier\n"
+        "from torch.utils import cpp_extension\n"
+        "\n"
+        "\n"
+        "def step(grads, noop):\n"
+        "    multi_tensor_applier(amp_C.multi_tensor_scale, noop, [grads, grads], 0.5)\n"
+        "    torch.distributed.barrier()\n"
+        "    return amp, torch.cuda.current_device()\n",
+        encoding="utf-8",
+    )
+    assert main([str(src), "-o", str(tmp_path / "dst"), "--quiet"]) == 0
+    coverage = json.loads((tmp_path / "dst" / "migration_report.json").read_text())["summary"]["coverage"]
+    assert list(coverage)[:6] == ["apex", "amp_C", "deepspeed", "torch.cuda", "torch.distributed", "megatron fused kernels"]
+    assert coverage["apex"] == {"found": 3, "converted": 1, "kept": 0, "unconverted": 2, "by_hand": {"APX101": 2}}
+    assert coverage["amp_C"]["converted"] == 1 and coverage["amp_C"]["unconverted"] == 0
+    assert coverage["torch.utils.cpp_extension"]["kept"] == 1
+    for row in coverage.values():
+        assert row["found"] == row["converted"] + row["kept"] + row["unconverted"]
+    markdown = (tmp_path / "dst" / "MIGRATION_REPORT.md").read_text()
+    assert markdown.index("## Coverage by package") < markdown.index("| rule | changes |")
+    assert "| apex | 3 | 1 | 0 | 2 | APX101 x2: apex.amp has no shim equivalent: use torch.autocast" in markdown

@@ -44,8 +44,8 @@ def test_uncovered_attribute_names_the_construct_and_the_rule():
 
     with pytest.raises(AttributeError, match=r"^apex\.amp is not covered by glm-mock: \[APX101\] apex\.amp has no"):
         apex.amp
-    with pytest.raises(AttributeError, match=r"^apex\.contrib is not covered by glm-mock: \[APX199\]"):
-        apex.contrib
+    with pytest.raises(AttributeError, match=r"^apex\.contrib\.optimizers is not covered by glm-mock: \[APX199\]"):
+        apex.contrib.optimizers
     with pytest.raises(ImportError, match=r"^apex\.optimizers\.FusedLAMB is not covered by glm-mock"):
         from apex.optimizers import FusedLAMB  # noqa: F401
     assert not hasattr(apex, "__file__")  # dunder probes get a plain AttributeError
@@ -56,8 +56,11 @@ def test_uncovered_submodule_import_is_refused_with_the_note():
     use(MockFinder(installed=lambda scope: None))
     with pytest.raises(ModuleNotFoundError, match=r"^apex\.amp is not covered by glm-mock: \[APX101\]"):
         import apex.amp  # noqa: F401
-    with pytest.raises(ModuleNotFoundError, match=r"^amp_C is not covered by glm-mock: \[APX103\]"):
-        import amp_C  # noqa: F401
+    import amp_C
+
+    assert amp_C.multi_tensor_scale.__module__ == "shim.ops.multi_tensor"
+    with pytest.raises(ImportError, match=r"^amp_C\.multi_tensor_lamb is not covered by glm-mock: \[APX109\]"):
+        from amp_C import multi_tensor_lamb  # noqa: F401
     with pytest.raises(ModuleNotFoundError, match="install DeepSpeed"):
         import deepspeed.runtime.engine  # noqa: F401
 

@@ -1,15 +1,12 @@
 """sparse_softmax_cross_entropy: values and gradients against the composed formula, dtypes, errors, dispatch."""
 
-import sys
-import types
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shim.nn.functional as F
-from shim.ops import cross_entropy
+from shim.ops import cross_entropy, softmax_rows
 
 
 def mpu_formula(logits, labels):
@@ -70,7 +67,7 @@ def test_half_logits_use_fp32_math(dtype):
 
 def test_blocks_with_a_partial_last_block(monkeypatch):
     # 15 rows in blocks of 4 (the last one holds 3)
-    monkeypatch.setattr(cross_entropy, "_BLOCK_ELEMENTS", 4 * 97)
+    monkeypatch.setattr(softmax_rows, "_BLOCK_ELEMENTS", 4 * 97)
     logits, labels, weights = make_inputs(dtype=torch.bfloat16)
     loss, grad = loss_and_grad(F.sparse_softmax_cross_entropy, logits, labels, weights.float())
     ref_loss, ref_grad = loss_and_grad(mpu_formula, logits.double(), labels, weights)
@@ -142,16 +139,16 @@ class FakeGroup:
 
 @pytest.fixture
 def vocab_parallel_calls(monkeypatch):
-    """Stand in for shim.ops.vocab_parallel_cross_entropy and record what it is given."""
+    """Stand in for the vocab-parallel op and record what it is given."""
     calls = []
-    fake = types.ModuleType("shim.ops.vocab_parallel_cross_entropy")
 
     def vocab_parallel_sparse_softmax_cross_entropy(local_logits, labels, group):
         calls.append((local_logits, labels, group))
         return torch.zeros(labels.shape)
 
-    fake.vocab_parallel_sparse_softmax_cross_entropy = vocab_parallel_sparse_softmax_cross_entropy
-    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(
+        cross_entropy, "vocab_parallel_sparse_softmax_cross_entropy", vocab_parallel_sparse_softmax_cross_entropy
+    )
     return calls
 
 
@@ -209,12 +206,12 @@ def test_vocab_sharded_dtensor_delegates_with_its_mesh_group(mesh_of_one, vocab_
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_logsumexp_kernel_on_extreme_rows(dtype, monkeypatch):
     # the local step the vocab-parallel op builds on; rows far apart in scale, blocks of 2 rows
-    monkeypatch.setattr(cross_entropy, "_BLOCK_ELEMENTS", 2 * 50)
+    monkeypatch.setattr(softmax_rows, "_BLOCK_ELEMENTS", 2 * 50)
     logits = torch.randn(5, 50, dtype=torch.float64) * torch.tensor([1.0, 30.0, 1e3, 1e-3, 80.0])[:, None]
     logits[2, 7] = 5e3
     logits = logits.to(dtype)
     expected = torch.logsumexp(logits.double(), dim=1)
-    torch.testing.assert_close(cross_entropy.logsumexp_rows(logits).double(), expected, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(softmax_rows.logsumexp_rows(logits).double(), expected, rtol=1e-6, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)
@@ -231,13 +228,13 @@ def test_any_shape_scale_and_blocking_matches_formula(rows, vocab, scale, dtype,
     logits = (scale * torch.randn(rows, vocab, generator=generator, dtype=torch.float64)).to(dtype)
     labels = torch.randint(0, vocab, (rows,), generator=generator)
     weights = torch.rand(rows, generator=generator, dtype=torch.float64)
-    original = cross_entropy._BLOCK_ELEMENTS
-    cross_entropy._BLOCK_ELEMENTS = rows_per_block * vocab
+    original = softmax_rows._BLOCK_ELEMENTS
+    softmax_rows._BLOCK_ELEMENTS = rows_per_block * vocab
     try:
         loss_weights = weights if dtype == torch.float64 else weights.float()
         loss, grad = loss_and_grad(F.sparse_softmax_cross_entropy, logits, labels, loss_weights)
     finally:
-        cross_entropy._BLOCK_ELEMENTS = original
+        softmax_rows._BLOCK_ELEMENTS = original
     ref_loss, ref_grad = loss_and_grad(mpu_formula, logits.double(), labels, weights)
     grad_tol = torch.finfo(dtype).eps if dtype != torch.float64 else 1e-12
     torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-6, atol=1e-5 * scale)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import shim.nn.functional as F
-from shim.ops import cross_entropy
+from shim.ops import softmax_rows
 
 
 class LargeAllocations(TorchDispatchMode):
@@ -58,7 +58,7 @@ def cross_entropy_inputs(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cross_entropy_allocates_one_logits_sized_buffer(dtype, monkeypatch):
-    monkeypatch.setattr(cross_entropy, "_BLOCK_ELEMENTS", 4 * 97)  # blocks smaller than the logits
+    monkeypatch.setattr(softmax_rows, "_BLOCK_ELEMENTS", 4 * 97)  # blocks smaller than the logits
     logits, labels = cross_entropy_inputs(dtype)
     with LargeAllocations(logits, labels) as fused:
         (grad,) = torch.autograd.grad(F.sparse_softmax_cross_entropy(logits, labels).sum(), logits)

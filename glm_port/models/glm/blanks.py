@@ -96,7 +96,8 @@ def _fill_one(model, tokenizer, text, prompt_ids, max_new_tokens, kwargs) -> Fil
     blanks = [p for p, i in enumerate(prompt_ids) if i in tokenizer.mask_token_ids]
     prompt_length = len(prompt_ids)
     stops = kwargs["eos_token_id"]
-    reuse_cache = kwargs.get("num_beams", 1) == 1 and kwargs.get("use_cache", True)
+    reuse_cache = kwargs.get("num_beams", 1) == 1 and kwargs.get("use_cache", True) and \
+        kwargs.get("cache_implementation") is None
     cache = DynamicCache() if reuse_cache else None
     sequence = list(prompt_ids)
     positions = torch.stack((torch.arange(prompt_length), torch.zeros(prompt_length, dtype=torch.long)))

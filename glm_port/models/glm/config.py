@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from transformers import PretrainedConfig
+
 
 @dataclass(frozen=True)
 class GLMConfig:
@@ -23,6 +25,7 @@ class GLMConfig:
     output_dropout_prob: float = 0.1  # --hidden-dropout
     layernorm_epsilon: float = 1e-5  # --layernorm-epsilon
     init_method_std: float = 0.02
+    intermediate_size: int | None = None  # --intermediate-size: the MLP's inner width; None = 4 * hidden_size
     max_memory_length: int = 0  # --mem-length (Transformer-XL style memory; 0 = off)
     block_position_encoding: bool = True  # 2D positions (--block-lm)
     checkpoint_activations: bool = False  # --checkpoint-activations
@@ -47,9 +50,16 @@ class GLMConfig:
             )
         if self.checkpoint_policy not in ("full", "selective"):
             raise ValueError(f"checkpoint_policy must be 'full' or 'selective', not {self.checkpoint_policy!r}")
+        if self.intermediate_size is not None and self.intermediate_size <= 0:
+            raise ValueError(f"intermediate_size must be positive, got {self.intermediate_size}")
         for name in ("vocab_size", "num_layers", "hidden_size", "num_attention_heads", "max_sequence_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        """The MLP's inner width: ``intermediate_size``, else upstream's 4 * hidden_size."""
+        return self.intermediate_size or 4 * self.hidden_size
 
     @property
     def head_dim(self) -> int:
@@ -60,3 +70,68 @@ class GLMConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class GLMPretrainedConfig(PretrainedConfig):
+    """GLM's ``config.json`` (THUDM's field names), as transformers configs go.
+
+    ``to_glm_config()`` gives glm_port's ``GLMConfig``. Fields THUDM's config carries for other
+    variants (``relative_encoding``, ``attention_scale`` other than 1, ``spell_length``) are refused
+    by ``to_glm_config`` rather than ignored.
+    """
+
+    model_type = "glm"
+    attribute_map = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_sequence_length"}
+
+    def __init__(self, num_layers=24, vocab_size=30592, hidden_size=1024, num_attention_heads=16,
+                 embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
+                 max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
+                 attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
+                 spell_length=None, intermediate_size=None, **kwargs):
+        self.num_layers = num_layers
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.embedding_dropout_prob = embedding_dropout_prob
+        self.attention_dropout_prob = attention_dropout_prob
+        self.output_dropout_prob = output_dropout_prob
+        self.max_sequence_length = max_sequence_length
+        self.block_position_encoding = block_position_encoding
+        self.relative_encoding = relative_encoding
+        self.attention_scale = attention_scale
+        self.layernorm_epsilon = layernorm_epsilon
+        self.initializer_range = initializer_range
+        self.attention_impl = attention_impl
+        self.spell_length = spell_length
+        self.intermediate_size = intermediate_size  # None: 4 * hidden_size (upstream's --intermediate-size)
+        kwargs.setdefault("tie_word_embeddings", True)
+        super().__init__(**kwargs)
+
+    def to_glm_config(self) -> GLMConfig:
+        if self.relative_encoding:
+            raise ValueError("config.json: relative_encoding (Transformer-XL positions) is not supported")
+        if self.attention_scale not in (None, 1, 1.0):
+            raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
+        if self.spell_length:
+            raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
+        return GLMConfig(
+            vocab_size=self.vocab_size, num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads, max_sequence_length=self.max_sequence_length,
+            embedding_dropout_prob=self.embedding_dropout_prob, attention_dropout_prob=self.attention_dropout_prob,
+            output_dropout_prob=self.output_dropout_prob, layernorm_epsilon=self.layernorm_epsilon,
+            init_method_std=self.initializer_range, block_position_encoding=self.block_position_encoding,
+            attention_impl=self.attention_impl, intermediate_size=self.intermediate_size,
+        )
+
+    @classmethod
+    def from_glm_config(cls, config: GLMConfig, **kwargs) -> "GLMPretrainedConfig":
+        fields = config.to_dict()
+        return cls(
+            num_layers=fields["num_layers"], vocab_size=fields["vocab_size"], hidden_size=fields["hidden_size"],
+            num_attention_heads=fields["num_attention_heads"], max_sequence_length=fields["max_sequence_length"],
+            embedding_dropout_prob=fields["embedding_dropout_prob"],
+            attention_dropout_prob=fields["attention_dropout_prob"],
+            output_dropout_prob=fields["output_dropout_prob"], layernorm_epsilon=fields["layernorm_epsilon"],
+            initializer_range=fields["init_method_std"], block_position_encoding=fields["block_position_encoding"],
+            attention_impl=fields["attention_impl"], intermediate_size=fields["intermediate_size"], **kwargs,
+        )

@@ -15,78 +15,14 @@ output: ``model.generate(**inputs, max_new_tokens=...)``.
 
 from __future__ import annotations
 
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import shim as torch
 import shim.nn.functional as F
-from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.config import GLMConfig, GLMPretrainedConfig  # noqa: F401  (GLMPretrainedConfig: its home)
 from glm_port.models.glm.model import GLMModel
-
-
-class GLMPretrainedConfig(PretrainedConfig):
-    """GLM's ``config.json`` (THUDM's field names), as transformers configs go.
-
-    ``to_glm_config()`` gives glm_port's ``GLMConfig``. Fields THUDM's config carries for other
-    variants (``relative_encoding``, ``attention_scale`` other than 1, ``spell_length``) are refused
-    by ``to_glm_config`` rather than ignored.
-    """
-
-    model_type = "glm"
-    attribute_map = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_sequence_length"}
-
-    def __init__(self, num_layers=24, vocab_size=30592, hidden_size=1024, num_attention_heads=16,
-                 embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
-                 max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
-                 attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
-                 spell_length=None, **kwargs):
-        self.num_layers = num_layers
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_attention_heads = num_attention_heads
-        self.embedding_dropout_prob = embedding_dropout_prob
-        self.attention_dropout_prob = attention_dropout_prob
-        self.output_dropout_prob = output_dropout_prob
-        self.max_sequence_length = max_sequence_length
-        self.block_position_encoding = block_position_encoding
-        self.relative_encoding = relative_encoding
-        self.attention_scale = attention_scale
-        self.layernorm_epsilon = layernorm_epsilon
-        self.initializer_range = initializer_range
-        self.attention_impl = attention_impl
-        self.spell_length = spell_length
-        kwargs.setdefault("tie_word_embeddings", True)
-        super().__init__(**kwargs)
-
-    def to_glm_config(self) -> GLMConfig:
-        if self.relative_encoding:
-            raise ValueError("config.json: relative_encoding (Transformer-XL positions) is not supported")
-        if self.attention_scale not in (None, 1, 1.0):
-            raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
-        if self.spell_length:
-            raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
-        return GLMConfig(
-            vocab_size=self.vocab_size, num_layers=self.num_layers, hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads, max_sequence_length=self.max_sequence_length,
-            embedding_dropout_prob=self.embedding_dropout_prob, attention_dropout_prob=self.attention_dropout_prob,
-            output_dropout_prob=self.output_dropout_prob, layernorm_epsilon=self.layernorm_epsilon,
-            init_method_std=self.initializer_range, block_position_encoding=self.block_position_encoding,
-            attention_impl=self.attention_impl,
-        )
-
-    @classmethod
-    def from_glm_config(cls, config: GLMConfig, **kwargs) -> "GLMPretrainedConfig":
-        fields = config.to_dict()
-        return cls(
-            num_layers=fields["num_layers"], vocab_size=fields["vocab_size"], hidden_size=fields["hidden_size"],
-            num_attention_heads=fields["num_attention_heads"], max_sequence_length=fields["max_sequence_length"],
-            embedding_dropout_prob=fields["embedding_dropout_prob"],
-            attention_dropout_prob=fields["attention_dropout_prob"],
-            output_dropout_prob=fields["output_dropout_prob"], layernorm_epsilon=fields["layernorm_epsilon"],
-            initializer_range=fields["init_method_std"], block_position_encoding=fields["block_position_encoding"],
-            attention_impl=fields["attention_impl"], **kwargs,
-        )
 
 
 class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
@@ -100,7 +36,18 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
     def __init__(self, config: GLMPretrainedConfig, glm: GLMModel | None = None):
         super().__init__(config)
         self.glm = glm if glm is not None else GLMModel(config.to_glm_config())
+        self.pipeline = None  # a glm_port.distributed.PipelineStage when the layers are split into stages
+        self.run_device = None  # where it runs, when the first parameter (another stage's) does not say
         self.post_init()
+
+    @property
+    def device(self):
+        return self.run_device if self.run_device is not None else super().device
+
+    @property
+    def dtype(self):
+        # A pipeline stage leaves other stages' weights on the meta device: ask one it holds.
+        return next((p.dtype for p in self.parameters() if not p.is_meta), super().dtype)
 
     def _init_weights(self, module):
         """GLMModel initialises itself (upstream's scheme); loading replaces it."""
@@ -116,6 +63,11 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard."""
         from glm_port.models.glm import weights
 
+        dtype = overrides.pop("torch_dtype", dtype)  # transformers' older spelling
+        unknown = [k for k in overrides if not hasattr(GLMPretrainedConfig(), k)]
+        if unknown:
+            raise TypeError(f"from_pretrained got unexpected arguments: {', '.join(unknown)} (config fields and "
+                            f"dtype, device, tensor_parallel are accepted)")
         return weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
                                   **overrides)
 
@@ -140,27 +92,40 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
         glm = self.glm
         transformer = glm.transformer
-        hidden = glm.word_embeddings(input_ids)
-        if transformer.config.block_position_encoding:
-            hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
-            hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
+        stage = self.pipeline
+        if stage is None or stage.is_first:
+            hidden = glm.word_embeddings(input_ids)
+            if transformer.config.block_position_encoding:
+                hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
+                hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
+            else:
+                hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
+                                                                  else position_ids[:, 0])
+            hidden = transformer.embedding_dropout(hidden)
         else:
-            hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
-                                                              else position_ids[:, 0])
-        hidden = transformer.embedding_dropout(hidden)
+            hidden = stage.recv_forward((batch_size, query_length, self.config.hidden_size), self.dtype,
+                                        input_ids.device)
         layer_cache = cache if use_cache is not False else None
-        for index, layer in enumerate(transformer.layers):
-            hidden = layer(hidden, visible, cache=layer_cache, layer_index=index)
-        hidden = transformer.final_layernorm(hidden)
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = glm.word_embeddings.logits(hidden)
-        table = glm.word_embeddings.weight
-        if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
-            from torch.distributed.tensor import DTensor, Shard
+        layers = range(len(transformer.layers)) if stage is None else stage.layers
+        for local, index in enumerate(layers):
+            # A pipeline stage's cache holds its own layers only, numbered from 0.
+            hidden = transformer.layers[index](hidden, visible, cache=layer_cache,
+                                               layer_index=index if stage is None else local)
+        kept = logits_to_keep or query_length
+        if stage is not None and not stage.is_last:
+            stage.send_forward(hidden)
+            logits = torch.empty(batch_size, kept, self.config.vocab_size, dtype=self.dtype, device=input_ids.device)
+        else:
+            hidden = transformer.final_layernorm(hidden[:, -kept:])
+            logits = glm.word_embeddings.logits(hidden)
+            table = glm.word_embeddings.weight
+            if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
+                from torch.distributed.tensor import DTensor, Shard
 
-            logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
-                                        run_check=False).full_tensor()
+                logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
+                                            run_check=False).full_tensor()
+        if stage is not None:  # every stage takes the same search step on the last stage's logits
+            logits = stage.broadcast_from_last(logits)
         loss = None
         if labels is not None:
             counted = labels != -100

@@ -33,7 +33,21 @@ import shim.nn as nn
 import shim.nn.functional as F
 from glm_port.models.glm.attention import ATTENTION_IMPLS, visibility_mask
 from glm_port.models.glm.config import GLMConfig
-from glm_port.models.glm.weights import strip_hf_prefix
+
+
+# THUDM's Hugging Face code nests upstream's keys under its base_model_prefix; both spellings load.
+HF_PREFIX = "glm."
+
+
+def without_hf_prefix(weights: dict) -> dict:
+    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
+    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
+
+
+def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
+    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
+    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
+        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
 
 
 def _normal_(std: float):
@@ -83,6 +97,8 @@ class SelfAttention(nn.Module):
         q = q[:, :, -query_length:]
         if cache is not None:
             k, v = cache.update(k, v, layer_index)
+            if k.size(-2) > visible.size(-1):  # a preallocated (static) cache: its empty slots stay unseen
+                visible = F.pad(visible, (0, k.size(-2) - visible.size(-1)), value=False)
         with self._dropout_rng():
             context = self.attend(q, k, v, visible, self.attention_dropout if self.training else 0.0)
         out, bias = self.dense(context.transpose(1, 2).flatten(2))
@@ -91,18 +107,20 @@ class SelfAttention(nn.Module):
 
     def _dropout_rng(self):
         """With heads split over ranks, attention dropout draws from the per-rank stream, as Megatron's
-        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator."""
-        return torch.checkpointing.get_cuda_rng_tracker().fork() if self.heads_split else contextlib.nullcontext()
+        ``get_cuda_rng_tracker().fork()``; otherwise from the default generator (nothing at all to draw in
+        eval mode, so inference needs no seeded tracker)."""
+        dropping = self.heads_split and self.training and self.attention_dropout > 0
+        return torch.recompute.get_cuda_rng_tracker().fork() if dropping else contextlib.nullcontext()
 
 
 class MLP(nn.Module):
-    """h -> 4h, tanh GELU, 4h -> h; returns ``residual + dropout(mlp(x))``."""
+    """h -> 4h (or ``intermediate_size``), tanh GELU, back to h; returns ``residual + dropout(mlp(x))``."""
 
     def __init__(self, config: GLMConfig, output_init):
         super().__init__()
-        h = config.hidden_size
-        self.dense_h_to_4h = _column(h, 4 * h, _normal_(config.init_method_std))
-        self.dense_4h_to_h = _row(4 * h, h, output_init)
+        h, inner = config.hidden_size, config.ffn_hidden_size
+        self.dense_h_to_4h = _column(h, inner, _normal_(config.init_method_std))
+        self.dense_4h_to_h = _row(inner, h, output_init)
         self.dropout = config.output_dropout_prob
 
     def forward(self, x, residual):
@@ -165,7 +183,7 @@ class GLMTransformer(nn.Module):
             layers = self.layers[start:start + chunk]
             layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
             if self._checkpointing():
-                hidden = torch.checkpointing.checkpoint(
+                hidden = torch.recompute.checkpoint(
                     _run_layers(layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
                 )
             else:
@@ -186,7 +204,7 @@ class GLMTransformer(nn.Module):
 
     def _checkpoint_policy(self):
         """None (recompute everything but the chunk's input) or the selective policy."""
-        return torch.checkpointing.save_matmuls if self.config.checkpoint_policy == "selective" else None
+        return torch.recompute.save_matmuls if self.config.checkpoint_policy == "selective" else None
 
     def _update_mems(self, hiddens, mems, return_memory):
         """Keep the last ``max_memory_length`` positions of ``[old mems; new hidden states]`` per layer."""

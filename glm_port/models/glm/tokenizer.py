@@ -100,7 +100,8 @@ class GLMTokenizer:
         if not path.exists():
             raise FileNotFoundError(f"tokenizer path does not exist: {path}")
         kind = tokenizer_type or _detect_type(path)
-        vocab = vocabularies.get_tokenizer(kind, path)
+        # The built-in vocabulary (glm-pretrain's and glm-finetune's default) is rebuilt, not read.
+        vocab = vocabularies.get_tokenizer(kind, None if kind == vocabularies.DEFAULT_TOKENIZER else path)
         tokenizer = cls(vocab)
         added = path / "added_tokens.json" if path.is_dir() else None
         if added is not None and added.is_file():
@@ -292,7 +293,7 @@ def _detect_type(path: Path) -> str:
         name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
         if name in _HF_CLASSES:
             return _HF_CLASSES[name]
-        if name in _HF_CLASSES.values():
+        if name in _HF_CLASSES.values() or name == vocabularies.DEFAULT_TOKENIZER:
             return name
     if list(path.glob("*.model")):
         return "ChineseSPTokenizer"
@@ -308,3 +309,25 @@ def _detect_type(path: Path) -> str:
 def _bpe_kind(vocab_json: Path) -> str:
     vocab = json.loads(vocab_json.read_text(encoding="utf-8"))
     return "RobertaBPETokenizer" if vocab.get("<s>") == 0 else "GPT2BPETokenizer"
+
+
+# The files a GLM directory's tokenizer is read from (copied along when weights are merged, exported, saved).
+TOKENIZER_FILES = ("tokenizer_config.json", "added_tokens.json", "special_tokens_map.json", "generation_config.json")
+VOCAB_PATTERNS = ("*.model", "*vocab.txt", "*vocab.json", "*merges.txt")
+
+
+def tokenizer_files(path: Path, tokenizer_path: Path | None = None) -> list[Path]:
+    """The vocabulary files to copy: ``tokenizer_path`` (a file, with its merges; or a directory), else
+    those beside the weights (``path``: a directory, or a weight file whose directory is looked in)."""
+    if tokenizer_path is not None:
+        if tokenizer_path.is_file():
+            files = [tokenizer_path]
+            if tokenizer_path.name.endswith("vocab.json"):
+                files.append(tokenizer_path.with_name(tokenizer_path.name.replace("vocab.json", "merges.txt")))
+            return [f for f in files if f.is_file()]
+        path = tokenizer_path
+    directory = path if path.is_dir() else path.parent
+    found = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    for pattern in VOCAB_PATTERNS:
+        found += sorted(p for p in directory.glob(pattern) if p.is_file())
+    return found

@@ -36,18 +36,7 @@ from typing import Callable, Iterator
 
 import shim as torch
 
-HF_PREFIX = "glm."
-
-
-def without_hf_prefix(weights: dict) -> dict:
-    """``weights`` with upstream's key names (a leading ``glm.`` removed)."""
-    return {k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k: v for k, v in weights.items()}
-
-
-def strip_hf_prefix(module, state_dict, prefix, *args) -> None:
-    """``load_state_dict`` pre-hook: accept ``glm.``-prefixed keys as they are."""
-    for key in [k for k in state_dict if k.startswith(prefix + HF_PREFIX)]:
-        state_dict[prefix + key[len(prefix + HF_PREFIX):]] = state_dict.pop(key)
+from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 TRACKERS = ("latest_checkpointed_iteration.txt", "latest")
 MP_RANK = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -263,40 +252,60 @@ class _Reader:
         return None
 
 
-def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0) -> Iterator[tuple[str, "torch.Tensor"]]:
-    """``(name, tensor)`` for this tensor-parallel rank's slice of every weight, file by file."""
+def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0,
+                 keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """``(name, tensor)`` for this tensor-parallel rank's slice of every weight ``keep`` accepts, file by
+    file (the others are never read)."""
+    def names(reader):
+        return [n for n in reader.keys() if keep is None or keep(n)]
+
     if source.kind == "hf":
         for path in source.files:
             reader = _Reader(path)
-            for name in list(reader.keys()):
+            for name in names(reader):
                 yield name, reader.get(name, tp_size, tp_rank)
             del reader
         return
     s, t = source.mp_size, tp_size
     if s == t:
         reader = _Reader(source.files[tp_rank])
-        for name in list(reader.keys()):
+        for name in names(reader):
             yield name, reader.get(name)
     elif s % t == 0:  # merge s/t consecutive source ranks into this rank's slice
         group = s // t
         readers = [_Reader(source.files[tp_rank * group + i]) for i in range(group)]
-        for name in list(readers[0].keys()):
+        for name in names(readers[0]):
             yield name, merge_slices(name, [r.get(name) for r in readers])
     elif t % s == 0:  # split one source rank's slice further
         group = t // s
         reader = _Reader(source.files[tp_rank // group])
-        for name in list(reader.keys()):
+        for name in names(reader):
             yield name, take_slice(name, reader.get(name), group, tp_rank % group)
     else:  # neither divides: merge everything, then take this rank's slice
         readers = [_Reader(f) for f in source.files]
-        for name in list(readers[0].keys()):
+        for name in names(readers[0]):
             yield name, take_slice(name, merge_slices(name, [r.get(name) for r in readers]), t, tp_rank)
+
+
+def stage_weights(stage) -> Callable[[str], bool]:
+    """The weights a pipeline stage runs with: its layers, the embeddings on the first stage, the final
+    LayerNorm and the (tied) word embeddings on the last."""
+    def keep(name: str) -> bool:
+        layer = re.match(r"transformer\.layers\.(\d+)\.", name)
+        if layer:
+            return stage.holds(int(layer.group(1)))
+        if name == "word_embeddings.weight":
+            return stage.is_first or stage.is_last
+        if name.startswith("transformer.final_layernorm."):
+            return stage.is_last
+        return stage.is_first  # position embeddings
+    return keep
 
 
 # ---- the architecture ------------------------------------------------------------------------------
 def source_config(source: WeightSource, overrides: dict | None = None):
     """A ``GLMPretrainedConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
-    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMPretrainedConfig
     from glm_port.models.glm.config import GLMConfig
 
     overrides = dict(overrides or {})
@@ -322,7 +331,7 @@ def source_config(source: WeightSource, overrides: dict | None = None):
 
 def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
     """Upstream's files carry no architecture: read it off the shapes (heads: 64-wide, as every GLM release)."""
-    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMPretrainedConfig
 
     names = set(reader.keys())
     if "word_embeddings.weight" not in names:
@@ -338,12 +347,13 @@ def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
 
 # ---- loading into a model --------------------------------------------------------------------------
 def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size: int = 1, tp_rank: int = 0,
-               assign: Callable | None = None) -> None:
+               assign: Callable | None = None, keep: Callable[[str], bool] | None = None) -> None:
     """Read ``source`` into ``model`` (a ``GLMForConditionalGeneration``), tensor by tensor, checking keys
-    and shapes; ``assign(name, tensor)`` places a tensor (default: replaces the parameter)."""
-    expected = {_strip(k): v for k, v in model.state_dict().items()}
+    and shapes; ``assign(name, tensor)`` places a tensor (default: replaces the parameter); ``keep`` limits
+    the load to the weights it accepts (a pipeline stage's)."""
+    expected = {_strip(k): v for k, v in model.state_dict().items() if keep is None or keep(_strip(k))}
     seen = set()
-    for name, tensor in iter_tensors(source, tp_size, tp_rank):
+    for name, tensor in iter_tensors(source, tp_size, tp_rank, keep):
         if name not in expected:
             raise WeightsError(f"{source.path}: unexpected weight {name} (not a GLM of this architecture?)")
         want = expected[name]
@@ -351,9 +361,13 @@ def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size:
         if list(tensor.shape) != local_shape:
             raise WeightsError(f"{source.path}: {name} is {list(tensor.shape)} there, {local_shape} in the model "
                                f"(config.json, or the tensor-parallel size {tp_size}, does not fit)")
+        source_tensor = tensor
         tensor = tensor.to(device=device or "cpu", dtype=dtype if tensor.is_floating_point() and dtype else None)
         if tensor.device.type == "cpu" and not tensor.is_contiguous() or _is_mapped(tensor):
             tensor = tensor.contiguous().clone()
+        if _is_mapped(source_tensor):
+            _release_pages(source_tensor)
+        del source_tensor
         (assign or _assign_parameter)(model, HF_PREFIX + name, tensor)
         seen.add(name)
     missing = [k for k in expected if k not in seen]
@@ -367,6 +381,36 @@ def _is_mapped(tensor) -> bool:
         return not tensor.untyped_storage().resizable()
     except (RuntimeError, AttributeError):
         return False
+
+
+def _release_pages(tensor) -> None:
+    """Drop the file pages a consumed tensor was read from.
+
+    A memory-mapped checkpoint's pages count in the process's resident memory for as long as the file
+    stays mapped, so reading a single-file checkpoint would end near twice the weights (the mapped file +
+    the model's copy). Once a tensor is copied out, ``madvise(MADV_DONTNEED)`` on the whole pages inside it
+    returns them (they re-read from the file if touched again). Only called on storages the readers
+    memory-mapped (safetensors, ``torch.load(mmap=True)``; never resizable), so nothing anonymous is dropped.
+    """
+    import ctypes
+    import mmap
+
+    libc = getattr(_release_pages, "libc", None)
+    if libc is None:
+        try:
+            libc = _release_pages.libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise  # noqa: B018  (present on Linux and macOS)
+        except (OSError, AttributeError):
+            _release_pages.libc = False
+            return
+    if not libc or tensor.device.type != "cpu":
+        return
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // page) * page, end // page * page  # whole pages only: neighbours keep theirs
+    if last > first:
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # MADV_DONTNEED
 
 
 def _assign_parameter(model, qualified: str, tensor) -> None:
@@ -383,15 +427,30 @@ def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **ov
     """``cls.from_pretrained``: build on the meta device, fill from ``path``, return it in eval mode.
 
     ``tensor_parallel`` (an object with ``size`` and ``rank``; the layout already set up by shim's
-    ``setup_dist_util``): the model is built with its layers split, and each rank reads and copies in only
+    ``setup_layout``): the model is built with its layers split, and each rank reads and copies in only
     its own slices (Megatron's layout, which shim's split layers hold locally).
     """
     source = find_source(path)
     config = source_config(source, overrides)
     tp_size = getattr(tensor_parallel, "size", 1)
     tp_rank = getattr(tensor_parallel, "rank", 0)
+    pipeline = getattr(tensor_parallel, "pipeline", None)
     dtype = _dtype(dtype)
-    if tp_size == 1:
+    if pipeline is not None:
+        if tp_size > 1:
+            raise WeightsError("pipeline and tensor parallel together are not available for generation yet")
+        given = pipeline.layout.pipeline_num_layers
+        if given not in (pipeline.stages, config.num_layers):  # the layout's default is one layer a stage
+            raise WeightsError(f"--pipeline-num-layers {given} must equal the model's {config.num_layers} layers")
+        if config.num_layers < pipeline.stages:
+            raise WeightsError(f"{config.num_layers} layers do not fill {pipeline.stages} pipeline stages")
+        pipeline = type(pipeline)(pipeline.layout, config.num_layers)
+        with torch.device("meta"):  # other stages' weights stay on the meta device, never read
+            model = cls(config)
+        load_state(model, source, dtype=dtype, device=device, keep=stage_weights(pipeline))
+        model.pipeline = pipeline
+        model.run_device = torch.device(device or "cpu")
+    elif tp_size == 1:
         with torch.device("meta"):
             model = cls(config)
         load_state(model, source, dtype=dtype, device=device, tp_size=1, tp_rank=0)

@@ -1,0 +1,306 @@
+"""ChatGLM2 decoding: glm_port's model vs transformers' GlmForCausalLM (and THUDM's remote code), same weights.
+
+Each (variant, batch) runs in a fresh process. Every variant gets the same random weights: glm_port's
+ChatGLM2 built from one seed, converted in memory for transformers' GLM with glm-convert's mapping,
+loaded as is into THUDM's ChatGLMForConditionalGeneration. The prompt is random token ids; decoding is
+greedy with no stop token, so every run produces exactly --new-tokens tokens.
+
+  ttft ms        time to first token: prefill of the whole prompt + one token (``max_new_tokens=1``)
+  decode tok/s   batch * (new_tokens - 1) / (time of the full generation - ttft)
+  peak MiB       extra peak memory of the full generation over the loaded model: on CPU the RSS high-water
+                 mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
+                 ``torch.cuda.max_memory_allocated`` minus what was allocated before
+  same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
+  LoRA samples/s finetune steps at ADGEN's shape (see lora_worker); first loss must agree across variants
+
+Variants: ``glm_port`` and ``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
+``thudm`` (only with CHATGLM2_CODE=/dir holding THUDM's modeling_chatglm.py and configuration_chatglm.py)
+runs its own forward in a greedy loop with its tuple cache, because its ``generate`` hooks predate
+transformers 5.
+
+    python -m bench.chatglm2                      # 4 layers of ChatGLM2-6B at full width, prompt 512, 128 new
+    python -m bench.chatglm2 --preset tiny        # smoke run: 2 layers, hidden 64
+    python -m bench.chatglm2 --layers 28 --device cuda --dtype bfloat16   # the whole 6B shape on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("glm_port", "transformers", "thudm")
+PRESETS = {
+    "6b-4layers": dict(layers=4, hidden=4096, ffn=13696, heads=32, groups=2, kv_channels=128, vocab=65024),
+    "tiny": dict(layers=2, hidden=64, ffn=160, heads=4, groups=2, kv_channels=16, vocab=1024),
+}
+
+
+def _config(args):
+    from glm_port.models.chatglm2 import ChatGLM2Config
+
+    return ChatGLM2Config(
+        num_layers=args.layers, hidden_size=args.hidden, ffn_hidden_size=args.ffn, num_attention_heads=args.heads,
+        multi_query_group_num=args.groups, kv_channels=args.kv_channels, padded_vocab_size=args.vocab,
+        seq_length=max(2048, args.prompt + args.new_tokens),
+    )
+
+
+def build(variant: str, args):
+    import torch
+
+    from glm_port.models.chatglm2 import ChatGLM2ForCausalLM
+
+    config = _config(args)
+    torch.manual_seed(0)
+    ours = ChatGLM2ForCausalLM(config)
+    if variant == "glm_port":
+        model = ours
+    elif variant == "transformers":
+        from transformers import GlmForCausalLM
+
+        from glm_port.models.chatglm2.convert import to_glm_config, to_glm_plan
+
+        class InMemory(dict):
+            directory = "<memory>"
+
+        glm_config = to_glm_config(config)
+        glm_config._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            model = GlmForCausalLM(glm_config)
+        state = {name: get() for name, get in to_glm_plan(config, InMemory(ours.state_dict()))}
+        model.load_state_dict(state, assign=True)
+        from transformers.models.glm.modeling_glm import GlmRotaryEmbedding
+
+        model.model.rotary_emb = GlmRotaryEmbedding(glm_config)  # its buffers were left on the meta device
+        del ours, state
+    else:
+        import importlib
+        import types
+
+        package = types.ModuleType("_thudm_chatglm2")
+        package.__path__ = [os.environ["CHATGLM2_CODE"]]
+        sys.modules["_thudm_chatglm2"] = package
+        cm = importlib.import_module("_thudm_chatglm2.configuration_chatglm")
+        mm = importlib.import_module("_thudm_chatglm2.modeling_chatglm")
+        fields = {k: getattr(config, k) for k in (
+            "num_layers", "padded_vocab_size", "hidden_size", "ffn_hidden_size", "kv_channels", "num_attention_heads",
+            "seq_length", "layernorm_epsilon", "add_qkv_bias", "multi_query_attention", "multi_query_group_num")}
+        thudm_config = cm.ChatGLMConfig(**fields, original_rope=True, torch_dtype=getattr(torch, args.dtype))
+        thudm_config.max_length, thudm_config.use_cache = config.seq_length, True
+        with torch.device("meta"):
+            model = mm.ChatGLMForConditionalGeneration(thudm_config, empty_init=False)
+        model.load_state_dict(ours.state_dict(), strict=False, assign=True)
+        model.transformer.rotary_pos_emb.inv_freq = 1.0 / (
+            10000 ** (torch.arange(0, config.kv_channels // 2, 2, dtype=torch.float32) / (config.kv_channels // 2)))
+        del ours
+    return model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+
+
+def greedy(variant, model, prompt, new_tokens):
+    import torch
+
+    with torch.inference_mode():
+        if variant != "thudm":
+            return model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+            )[:, prompt.shape[1]:]
+        batch, length = prompt.shape
+        positions = torch.arange(length, device=prompt.device).expand(batch, length)
+        out = model(input_ids=prompt, position_ids=positions, use_cache=True, return_last_logit=True)
+        tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        for i in range(new_tokens - 1):
+            position = torch.full((batch, 1), length + i, device=prompt.device)
+            out = model(input_ids=tokens[-1], position_ids=position, past_key_values=out.past_key_values,
+                        use_cache=True, return_last_logit=True)
+            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        return torch.cat(tokens, 1)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak_rss() -> int:
+    """Reset the process's RSS high-water mark (Linux: ``5`` to ``/proc/self/clear_refs``); the RSS now."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    return _status_kib("VmRSS") * 1024
+
+
+def _peak_rss() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
+def _sync(device):
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def worker(variant: str, batch: int, args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    model = build(variant, args)
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, args.vocab, (batch, args.prompt), generator=generator).to(args.device)
+    greedy(variant, model, prompt[:, :16], 2)  # warm up code paths
+    ttfts = []
+    for _ in range(args.repeats):
+        _sync(args.device)
+        start = time.perf_counter()
+        greedy(variant, model, prompt, 1)
+        _sync(args.device)
+        ttfts.append(time.perf_counter() - start)
+    ttft = sorted(ttfts)[len(ttfts) // 2]
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+    else:
+        baseline = _reset_peak_rss()
+    _sync(args.device)
+    start = time.perf_counter()
+    tokens = greedy(variant, model, prompt, args.new_tokens)
+    _sync(args.device)
+    total = time.perf_counter() - start
+    if args.device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() - baseline
+    else:
+        peak = _peak_rss() - baseline
+    return {
+        "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft,
+        "decode_tok_s": batch * (args.new_tokens - 1) / max(total - ttft, 1e-9),
+        "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(),
+    }
+
+
+LORA_TARGETS = {"glm_port": ["query_key_value"], "transformers": ["q_proj", "k_proj", "v_proj"]}
+
+
+def lora_worker(variant: str, batch: int, args) -> dict:
+    """LoRA finetune steps at ADGEN's shape (source 64 + target 128 + eos, loss on the target): samples/s.
+
+    MindFormers' settings (rank 8, alpha 32, dropout 0.1) through PEFT, AdamW on the adapters. LoRA on
+    THUDM's fused ``query_key_value`` vs on transformers' separate q/k/v projections: not the same adapter
+    (3 x rank 8 there), the same frozen network; the first step's loss (adapters still zero) must agree.
+    """
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    model = build(variant, args).train()
+    model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=32, lora_dropout=0.1,
+                                             target_modules=LORA_TARGETS[variant]))
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, args.vocab, (batch, 64 + 128 + 1), generator=generator).to(args.device)
+    labels = ids.clone()
+    labels[:, :64] = -100
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step():
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    first_loss = step()
+    _sync(args.device)
+    start = time.perf_counter()
+    for _ in range(args.lora_steps):
+        step()
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    return {"variant": variant, "batch": batch, "samples_s": batch * args.lora_steps / elapsed, "loss": first_loss}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=PRESETS, default="6b-4layers")
+    for name in ("layers", "hidden", "ffn", "heads", "groups", "kv_channels", "vocab"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
+                        help="default: glm_port and transformers, plus thudm when CHATGLM2_CODE is set")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=3, help="time-to-first-token runs (median kept)")
+    parser.add_argument("--lora-steps", type=int, default=2,
+                        help="timed LoRA finetune steps at ADGEN's shape after one warm-up (0: skip that table)")
+    parser.add_argument("--lora-batch", type=int, default=4)
+    parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--lora-worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve(args):
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = resolve(build_parser().parse_args(argv))
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args)))
+        return 0
+    if args.lora_worker:
+        print(json.dumps(lora_worker(args.lora_worker[0], int(args.lora_worker[1]), args)))
+        return 0
+    variants = args.variants or [v for v in VARIANTS if v != "thudm" or os.environ.get("CHATGLM2_CODE")]
+    if "thudm" in variants and not os.environ.get("CHATGLM2_CODE"):
+        print("bench.chatglm2: error: the thudm variant needs CHATGLM2_CODE=/dir/with/modeling_chatglm.py",
+              file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    print(f"shape: {args.layers} layers, hidden {args.hidden}, {args.heads} heads x {args.kv_channels} "
+          f"({args.groups} kv groups), ffn {args.ffn}, vocab {args.vocab}; prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens, greedy; {args.device} {args.dtype}")
+    rows, lora_rows = [], []
+    runs = [("--worker", v, b) for b in args.batches for v in variants]
+    if args.lora_steps > 0:
+        runs += [("--lora-worker", v, args.lora_batch) for v in variants if v in LORA_TARGETS]
+    for flag, variant, batch in tqdm(runs, desc="runs", leave=False):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.chatglm2", *argv, flag, variant, str(batch)],
+            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        if done.returncode != 0:
+            print(f"bench.chatglm2: {variant} batch {batch} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
+            return 1
+        (rows if flag == "--worker" else lora_rows).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"{'variant':<13} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
+          f"{'decode vs glm_port':>19}")
+    for row in rows:
+        ref = next(r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"]) \
+            if "glm_port" in variants else row
+        same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
+        print(f"{row['variant']:<13} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
+              f"{row['peak_mib']:>9.1f} {same:>12} "
+              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x")
+    if lora_rows:
+        print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
+              f"{args.lora_steps} timed steps:")
+        print(f"{'variant':<13} {'samples/s':>10} {'first loss':>11}")
+        for row in lora_rows:
+            print(f"{row['variant']:<13} {row['samples_s']:>10.2f} {row['loss']:>11.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

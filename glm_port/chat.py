@@ -1,0 +1,115 @@
+"""``glm-chat``: a terminal chat with a ChatGLM2 / ChatGLM3 model, replies streamed as they are generated.
+
+    glm-chat                       # the embedded random-init tiny model (no downloads; talks nonsense)
+    glm-chat --model chatglm2-6b/  # a THUDM directory (or one written by glm-convert --from transformers)
+
+Commands at the prompt: ``/clear`` forgets the history, ``/exit`` (or end of input) quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from glm_port.models.chatglm2.chat import DEFAULTS, PromptTooLong, stream_chat
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm-chat",
+        description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated. "
+        "At the prompt: /clear forgets the conversation, /exit quits.",
+    )
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="ChatGLM2 directory (config.json, weights, tokenizer.model); default: the embedded "
+                        "random-init tiny model, built on the fly with no downloads")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="default: float32 on CPU, bfloat16 on a GPU")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
+    parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="answer these queries in turn (history kept) and exit, instead of reading the terminal")
+    return parser
+
+
+def load(model_dir, device="cpu", dtype=None):
+    """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None."""
+    if model_dir is None:
+        from glm_port.models.chatglm2.tiny import build_tiny
+
+        model, tokenizer = build_tiny()
+        return model.to(device=device, dtype=dtype or torch.float32), tokenizer
+    from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
+
+    config = check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.vocab_size > config.padded_vocab_size:
+        raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
+                           f"padded_vocab_size ({config.padded_vocab_size})")
+    return load_pretrained(model_dir, dtype=dtype, device=device), tokenizer
+
+
+def _turn(model, tokenizer, query, history, gen, out):
+    printed = ""
+    for response, history in stream_chat(model, tokenizer, query, history, **gen):
+        out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
+        out.flush()
+        printed = response
+    out.write("\n")
+    return history
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from glm_port.models.chatglm2.weights import WeightsError
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    try:
+        model, tokenizer = load(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
+    except (WeightsError, OSError) as exc:
+        print(f"glm-chat: error: {exc}", file=sys.stderr)
+        return 2
+    gen = {"max_new_tokens": args.max_new_tokens}
+    gen.update({"do_sample": False} if args.greedy else {"top_p": args.top_p, "temperature": args.temperature})
+    history, out = [], sys.stdout
+    if args.prompt:
+        for query in args.prompt:
+            out.write(f"用户：{query}\nChatGLM：")
+            try:
+                history = _turn(model, tokenizer, query, history, gen, out)
+            except PromptTooLong as exc:
+                print(f"\nglm-chat: error: {exc}", file=sys.stderr)
+                return 2
+        return 0
+    name = args.model or "the embedded random-init chatglm2-tiny model"
+    out.write(f"glm-chat on {name}: /clear forgets the conversation, /exit quits.\n")
+    while True:
+        try:
+            query = input("\n用户：").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return 0
+        if query == "/exit":
+            return 0
+        if query == "/clear":
+            history = []
+            out.write("(conversation cleared)\n")
+            continue
+        if not query:
+            continue
+        out.write("ChatGLM：")
+        try:
+            history = _turn(model, tokenizer, query, history, gen, out)
+        except PromptTooLong as exc:
+            out.write(f"\nglm-chat: {exc}; /clear to start over\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

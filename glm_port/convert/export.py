@@ -1,0 +1,141 @@
+"""``glm-export``: a (finetuned) GLM for serving: one Hugging Face directory with the LoRA adapter folded in,
+in the serving dtype, and optionally a graph of the decoding step (ONNX, ``torch.export``).
+
+    glm-export --model_name_or_path out/final --output_path served --dtype float16
+    glm-export --model_name_or_path glm-large-chinese --lora_path out/final --output_path served --onnx
+    glm-export --model_name_or_path out/final --output_path served --torch_export
+
+PaddleNLP's ``export_model.py`` flag names. The output (``model.safetensors``, ``config.json``, the tokenizer
+files) loads with ``glm-generate --model OUT`` and ``GLMForConditionalGeneration.from_pretrained(OUT)``;
+``--onnx`` adds ``onnx/decode_step.onnx`` (checked against the eager model with onnxruntime before it is
+written), ``--torch_export`` adds ``decode_step.pt2``. See ``glm_port.convert.decode_step`` for the graph's
+inputs and outputs. The directory is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import shim as torch
+from glm_port.convert.decode_step import check_onnx, export_onnx, export_program
+from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
+                                    write_model_directory)
+from glm_port.models.glm.tokenizer import tokenizer_files
+from glm_port.models.glm.weights import WeightsError
+
+PROG = "glm-export"
+ONNX_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # relative to the largest logit
+
+
+def fold_adapter(glm, path: Path):
+    """``glm`` (a GLMModel) with the PEFT LoRA adapter at ``path`` merged into its weights (PEFT's
+    ``merge_and_unload``)."""
+    import peft
+
+    if not (path / "adapter_config.json").is_file():
+        raise ConvertError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
+    try:
+        adapted = peft.PeftModel.from_pretrained(glm, str(path), is_trainable=False)
+    except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
+        first = str(error).strip().splitlines()[0]
+        raise ConvertError(f"--lora_path {path} was made for another base model: {first}") from None
+    return adapted.merge_and_unload()
+
+
+def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "float32", onnx: bool = False,
+           torch_export: bool = False, tokenizer_type=None, tokenizer_path=None, overwrite: bool = False,
+           log=print) -> dict:
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
+
+    source, out = Path(model_name_or_path).expanduser(), Path(output_path).expanduser()
+    lora = Path(lora_path).expanduser() if lora_path else None
+    tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
+    if dtype not in DTYPES:
+        raise ConvertError(f"--dtype {dtype}: choose float16, bfloat16 or float32")
+    check_output(out, overwrite, source, lora)
+    if not source.exists():
+        raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
+    check_not_adapter(source, "--model_name_or_path")
+    target = DTYPES[dtype]
+    model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
+    tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
+    if lora is not None:
+        model.glm = fold_adapter(model.glm, lora)
+    model = model.to(target).eval()
+    state = {k: v.detach() for k, v in model.glm.state_dict().items()}
+    report = {"output": str(out), "dtype": dtype, "lora": str(lora) if lora else None}
+
+    def graphs(work: Path) -> None:
+        if onnx:
+            path = export_onnx(model, work / "onnx" / "decode_step.onnx")
+            try:
+                error = check_onnx(model, path)
+            except Exception as failure:
+                if target == torch.float32:
+                    raise
+                # onnxruntime's CPU provider lacks kernels for some half-precision ops (bfloat16 Add, ...)
+                reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+                log(f"{PROG}: onnxruntime could not run the {dtype} graph on CPU, so it is not checked "
+                    f"({reason[:160]})")
+                report["onnx_check"] = None
+            else:
+                if error > ONNX_TOLERANCE[target]:
+                    raise ConvertError(f"the ONNX graph's logits differ from the eager model's by {error:.2e} "
+                                       f"(relative), more than {ONNX_TOLERANCE[target]:.0e}")
+                report["onnx_check"] = error
+                log(f"{PROG}: ONNX decode step checked with onnxruntime: max |logits - eager| = {error:.2e} "
+                    f"of the largest logit (prompt forward + 3 cached steps)")
+            report["onnx"] = str(out / "onnx" / "decode_step.onnx")
+        if torch_export:
+            export_program(model, work / "decode_step.pt2")
+            report["torch_export"] = str(out / "decode_step.pt2")
+
+    write_model_directory(state, model.config, target, tokenizer, tokenizer_files(source, tokenizer_path), out,
+                          extra=graphs)
+    report["parameters"] = sum(t.numel() for t in state.values())
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Export a GLM for serving: LoRA folded in, one safetensors file in the serving dtype, "
+        "config and tokenizer files; optionally an ONNX or torch.export graph of the decoding step.",
+        epilog="The graph takes new tokens after a key/value cache (past 0: the prompt; query 1: a decode step); "
+        "see docs/finetune.md, 'Merging shards and exporting', for its inputs and what does not export.")
+    parser.add_argument("--model_name_or_path", required=True,
+                        help="the model: a Hugging Face GLM directory (glm-finetune's final/), tensor-parallel shards, "
+                        "or a glm-pretrain --save directory")
+    parser.add_argument("--lora_path", default=None,
+                        help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in")
+    parser.add_argument("--output_path", required=True, help="the directory to write")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="weights (and graph) precision (default float32)")
+    parser.add_argument("--onnx", action="store_true",
+                        help="also write onnx/decode_step.onnx, checked against the eager model with onnxruntime")
+    parser.add_argument("--torch_export", action="store_true", help="also write decode_step.pt2 (torch.export)")
+    parser.add_argument("--tokenizer_type", default=None, help="vocabulary type, where none is beside the model")
+    parser.add_argument("--tokenizer_path", default=None, help="vocabulary file or directory to copy")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output_path if it exists")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        report = export(args.model_name_or_path, args.output_path, lora_path=args.lora_path, dtype=args.dtype,
+                        onnx=args.onnx, torch_export=args.torch_export, tokenizer_type=args.tokenizer_type,
+                        tokenizer_path=args.tokenizer_path, overwrite=args.overwrite)
+    except (ConvertError, WeightsError, OSError, ValueError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    lora = f" with {report['lora']} folded in" if report["lora"] else ""
+    print(f"{PROG}: wrote {report['output']} ({report['parameters']:,} parameters in {report['dtype']}{lora})"
+          + "".join(f"; {key.replace('_', '.')}: {report[key]}" for key in ("onnx", "torch_export") if key in report)
+          + f"\n{PROG}: load it with: glm-generate --model {report['output']} \"...\"", flush=True)
+
+
+if __name__ == "__main__":
+    main()

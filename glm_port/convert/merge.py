@@ -1,0 +1,248 @@
+"""``glm-merge SRC OUT``: any GLM weights -> one Hugging Face GLM directory (single-shard safetensors,
+``config.json``, the tokenizer files), which ``glm-generate --model OUT``, ``GLMForConditionalGeneration
+.from_pretrained(OUT)`` and ``glm-finetune --model_name_or_path OUT`` load.
+
+    glm-merge runs/ft/checkpoints runs/ft/merged          # glm-finetune --tensor_parallel_degree 2 shards
+    glm-merge checkpoints/glm-large/ glm-large-hf          # upstream mp_rank_XX_model_states.pt files
+    glm-merge --dtype bf16 glm-10b-sharded/ glm-10b-one    # a sharded HF directory, as one file in bf16
+
+SRC is whatever ``glm_port.models.glm.weights.find_source`` reads: tensor-parallel shards
+(``mp_rank_XX_model_states.pt`` of glm-pretrain, glm-finetune or upstream, under a checkpoint tracker or
+in an iteration directory), a Hugging Face directory (one file, sharded with an index, ``.bin``). Shards
+are merged by Megatron's split rules as the loaders apply them (``weights.iter_tensors`` at
+tensor-parallel size 1: the rules exist once, in ``weights.SPLIT_RULES``). Names and shapes are checked
+against the architecture before anything is written; the output is assembled in a hidden directory
+beside OUT and renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+import shim as torch
+from glm_port.models.glm import weights
+from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
+from glm_port.models.glm.weights import WeightsError
+
+PROG = "glm-merge"
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+# Files that make a GLM tokenizer (GLMTokenizer.from_pretrained reads them), copied from the source, and
+# transformers' generation defaults, which travel with the weights too.
+
+
+class ConvertError(ValueError):
+    """Bad input to glm-merge / glm-export: one line, exit status 2."""
+
+
+# ---- the output directory ----------------------------------------------------------------------------
+
+
+def check_not_adapter(path: Path, flag: str = "SRC") -> None:
+    if (path / "adapter_config.json").is_file():
+        raise ConvertError(f"{flag} {path} is a PEFT LoRA adapter, not a model: fold it into its base with "
+                           f"glm-export --model_name_or_path BASE --lora_path {path}")
+
+
+def check_output(out: Path, overwrite: bool, *sources: Path) -> None:
+    """Refuse an output that would clobber something, before any work is done."""
+    for source in sources:
+        if source is not None and out.resolve() == Path(source).resolve():
+            raise ConvertError(f"{out}: the output cannot be the input")
+    if out.exists():
+        if not out.is_dir():
+            raise ConvertError(f"{out}: exists and is not a directory")
+        if any(out.iterdir()) and not overwrite:
+            raise ConvertError(f"{out}: exists and is not empty (pass --overwrite to replace it)")
+
+
+def work_directory(out: Path) -> Path:
+    """A fresh hidden directory beside ``out`` where the output is assembled."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    if work.exists():
+        shutil.rmtree(work)
+    return work
+
+
+def publish(work: Path, out: Path) -> None:
+    """Put the finished ``work`` directory at ``out`` (the old ``out``, if any, goes only once it is there)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(work, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(work, out)
+
+
+def hf_config(config, dtype) -> dict:
+    """``config.json`` for a ``GLMPretrainedConfig``: transformers' fields, our class, the stored dtype."""
+    config.architectures = ["GLMForConditionalGeneration"]
+    config.dtype = dtype
+    fields = config.to_dict()
+    fields.pop("_name_or_path", None)
+    return fields
+
+
+def check_against_architecture(state: dict, config, where) -> None:
+    """Every weight the architecture needs, with its shape, and nothing else (checked on the meta device)."""
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
+
+    with torch.device("meta"):
+        model = GLMForConditionalGeneration(config)
+    expected = {k[len(weights.HF_PREFIX):]: list(v.shape) for k, v in model.state_dict().items()}
+    for name, tensor in state.items():
+        if name not in expected:
+            raise ConvertError(f"{where}: unexpected weight {name} (not a GLM of this architecture?)")
+        if list(tensor.shape) != expected[name]:
+            raise ConvertError(f"{where}: {name} is {list(tensor.shape)}, the architecture in config.json "
+                               f"needs {expected[name]}")
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ConvertError(f"{where}: missing {len(missing)} weight(s), e.g. {missing[0]}")
+
+
+def source_tokenizer(path: Path, tokenizer_type: str | None, tokenizer_path: Path | None, vocab_size: int):
+    """The tokenizer glm-generate would use for ``path`` with these flags. With no flags and no vocabulary
+    file beside the weights, glm-generate falls back to the built-in vocabulary: taken only when the
+    model's vocabulary size is that one's (a model trained on it), an error otherwise."""
+    from glm_port.models.glm.generation import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(path, tokenizer_type, tokenizer_path)
+    except (OSError, ValueError) as error:
+        raise ConvertError(f"tokenizer: {str(error).strip().splitlines()[0]}") from None
+    named = tokenizer_type or tokenizer_path
+    found = any(f.name not in TOKENIZER_FILES for f in tokenizer_files(path))
+    if not named and not found and tokenizer.vocab_size != vocab_size:
+        raise ConvertError(f"no vocabulary file beside {path} (and the model's {vocab_size} tokens are not the "
+                           f"built-in vocabulary's): name it with --tokenizer-path (and --tokenizer-type)")
+    return tokenizer
+
+
+def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Path], out: Path,
+                          extra=None) -> Path:
+    """Assemble ``out``: single-shard ``model.safetensors`` + ``config.json`` (``weights.save_hf``), the
+    tokenizer ``files`` (or a ``tokenizer_config.json`` naming a built-in vocabulary), then ``extra(work)``
+    (more files, e.g. graphs); published atomically. The written tokenizer is read back and must be
+    ``tokenizer`` (same fingerprint): a vocabulary that would not load beside the weights is an error."""
+    from glm_port.models.glm.generation import load_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    if tokenizer.vocab.num_tokens > config.vocab_size:
+        raise ConvertError(f"the {tokenizer.vocab.name} vocabulary has {tokenizer.vocab.num_tokens} tokens, more "
+                           f"than the model's {config.vocab_size}: name the one it was trained with "
+                           f"(--tokenizer-type / --tokenizer-path)")
+    work = work_directory(out)
+    try:
+        weights.save_hf(state, work, hf_config(config, dtype))
+        for file in files:
+            shutil.copy2(file, work / file.name)
+        if not (work / "tokenizer_config.json").is_file():
+            GLMTokenizer(tokenizer.vocab).save_pretrained(work)  # names the vocabulary's type
+        written = load_tokenizer(work)
+        if written.vocab.fingerprint != tokenizer.vocab.fingerprint:
+            raise ConvertError(f"the tokenizer files written ({', '.join(sorted(p.name for p in work.iterdir()))}) "
+                               f"load as {written.vocab.name}, not the source's {tokenizer.vocab.name}: "
+                               f"name the vocabulary with --tokenizer-path")
+        if extra is not None:
+            extra(work)
+        publish(work, out)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+        stale = work.with_name(f".{work.name}.tmp")  # save_hf's own temporary, should it have failed
+        if stale.exists():
+            shutil.rmtree(stale)
+    return out
+
+
+# ---- merging -----------------------------------------------------------------------------------------
+
+
+def merged_state(source, dtype=None) -> dict:
+    """Every weight of ``source`` whole (shards merged by Megatron's rules), upstream's names."""
+    state = {}
+    for name, tensor in tqdm(weights.iter_tensors(source, tp_size=1, tp_rank=0), unit="tensor",
+                             desc=PROG, leave=False, disable=not sys.stderr.isatty()):
+        if "lora_" in name or name.startswith("base_model."):
+            raise ConvertError(f"{source.path} holds a LoRA training checkpoint ({name}); export the saved "
+                               f"adapter with glm-export --model_name_or_path BASE --lora_path ADAPTER")
+        if not isinstance(tensor, torch.Tensor):
+            tensor = tensor[:]
+        tensor = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+        state[name] = tensor.contiguous()
+    return state
+
+
+def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = None, tokenizer_path=None,
+          num_attention_heads: int | None = None, overwrite: bool = False) -> dict:
+    """Merge the GLM weights at ``src`` into the Hugging Face directory ``out``; returns a summary."""
+    src, out = Path(src).expanduser(), Path(out).expanduser()
+    tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
+    check_output(out, overwrite, src)
+    if dtype is not None and dtype not in DTYPES:
+        raise ConvertError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    check_not_adapter(src)
+    source = weights.find_source(src)
+    overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
+    config = weights.source_config(source, overrides)
+    tokenizer = source_tokenizer(source.path, tokenizer_type, tokenizer_path, config.vocab_size)
+    state = merged_state(source, DTYPES.get(dtype))
+    check_against_architecture(state, config, src)
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    stored = DTYPES[dtype] if dtype else (dtypes.pop() if len(dtypes) == 1 else torch.float32)
+    write_model_directory(state, config, stored, tokenizer, tokenizer_files(source.path, tokenizer_path), out)
+    return {"source": str(src), "kind": source.kind, "shards": source.mp_size, "output": str(out),
+            "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
+            "dtype": str(stored).replace("torch.", ""), "tokenizer": tokenizer.vocab.name}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Merge any GLM weights into one Hugging Face directory (single-shard safetensors, "
+        "config.json, tokenizer files) that glm-generate and from_pretrained load.",
+        epilog="SRC: tensor-parallel shards (mp_rank_XX_model_states.pt of glm-finetune, glm-pretrain or upstream; "
+        "a checkpoint directory with its tracker, or an iteration directory), or a Hugging Face GLM directory "
+        "(sharded or not). OUT is written whole or not at all.")
+    parser.add_argument("src", metavar="SRC", help="the weights to merge")
+    parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist, or be empty)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                        help="store the weights in this dtype (default: as the source stores them)")
+    parser.add_argument("--tokenizer-type", default=None,
+                        help="vocabulary type as glm-pretrain takes it (default: read beside SRC, else the built-in)")
+    parser.add_argument("--tokenizer-path", default=None,
+                        help="vocabulary file or directory to copy into OUT (default: the files beside SRC)")
+    parser.add_argument("--num-attention-heads", type=int, default=None,
+                        help="for upstream files that carry no architecture: the head count (default hidden/64, "
+                        "as every GLM release)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = merge(args.src, args.out, dtype=args.dtype, tokenizer_type=args.tokenizer_type,
+                        tokenizer_path=args.tokenizer_path, num_attention_heads=args.num_attention_heads,
+                        overwrite=args.overwrite)
+    except (ConvertError, WeightsError, OSError, ValueError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    shards = (f"{summary['shards']} tensor-parallel shards" if summary["kind"] == "megatron"
+              else "a Hugging Face directory")
+    print(f"{PROG}: {summary['source']} ({shards}) -> {summary['output']}: {summary['tensors']} tensors, "
+          f"{summary['parameters']:,} parameters in {summary['dtype']}, {summary['tokenizer']} vocabulary\n"
+          f"{PROG}: load it with: glm-generate --model {summary['output']} \"...\"", flush=True)
+
+
+if __name__ == "__main__":
+    main()

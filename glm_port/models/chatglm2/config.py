@@ -1,0 +1,120 @@
+"""ChatGLM2/ChatGLM3 architecture as data: THUDM's ``config.json`` field names, read as they are.
+
+``ChatGLM2Config.from_pretrained(DIR)`` reads a THUDM ``chatglm2-6b`` / ``chatglm3-6b`` directory's
+``config.json`` unchanged (``model_type`` "chatglm"); the defaults are ChatGLM2-6B's. The standard
+transformers names (``num_hidden_layers``, ``vocab_size``, ``num_key_value_heads``, ...) are aliases
+of THUDM's, so transformers' generation utilities and caches find what they look for.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+# Fields of THUDM's config this port does not implement: value that means "off".
+_UNSUPPORTED = {"pre_seq_len": None, "quantization_bit": 0}
+
+
+class ChatGLM2Config(PretrainedConfig):
+    """Shape of a ChatGLM2-family model (THUDM's ``ChatGLMConfig`` fields; defaults = ChatGLM2-6B)."""
+
+    model_type = "chatglm"
+    attribute_map = {
+        "num_hidden_layers": "num_layers",
+        "vocab_size": "padded_vocab_size",
+        "max_position_embeddings": "seq_length",
+        "intermediate_size": "ffn_hidden_size",
+        "head_dim": "kv_channels",
+        "rms_norm_eps": "layernorm_epsilon",
+    }
+
+    def __init__(
+        self,
+        num_layers: int = 28,
+        padded_vocab_size: int = 65024,
+        hidden_size: int = 4096,
+        ffn_hidden_size: int = 13696,
+        kv_channels: int = 128,
+        num_attention_heads: int = 32,
+        seq_length: int = 32768,
+        hidden_dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        layernorm_epsilon: float = 1e-5,
+        rmsnorm: bool = True,
+        apply_residual_connection_post_layernorm: bool = False,
+        post_layer_norm: bool = True,
+        add_bias_linear: bool = False,
+        add_qkv_bias: bool = True,
+        multi_query_attention: bool = True,
+        multi_query_group_num: int = 2,
+        apply_query_key_layer_scaling: bool = True,
+        attention_softmax_in_fp32: bool = True,
+        fp32_residual_connection: bool = False,
+        rope_ratio: float = 1.0,
+        rope_ratio_scales: str = "base",
+        initializer_range: float = 0.02,
+        pre_seq_len=None,
+        quantization_bit: int = 0,
+        use_cache: bool = True,
+        **kwargs,
+    ):
+        self.use_cache = use_cache
+        self.num_layers = num_layers
+        self.padded_vocab_size = padded_vocab_size
+        self.hidden_size = hidden_size
+        self.ffn_hidden_size = ffn_hidden_size
+        self.kv_channels = kv_channels
+        self.num_attention_heads = num_attention_heads
+        self.seq_length = seq_length
+        self.hidden_dropout = hidden_dropout
+        self.attention_dropout = attention_dropout
+        self.layernorm_epsilon = layernorm_epsilon
+        self.rmsnorm = rmsnorm
+        self.apply_residual_connection_post_layernorm = apply_residual_connection_post_layernorm
+        self.post_layer_norm = post_layer_norm
+        self.add_bias_linear = add_bias_linear
+        self.add_qkv_bias = add_qkv_bias
+        self.multi_query_attention = multi_query_attention
+        self.multi_query_group_num = multi_query_group_num
+        # Kept for round trips: with SDPA (THUDM's own torch >= 2 path) layer scaling cancels out, and the
+        # softmax is computed in fp32 whatever the flag says.
+        self.apply_query_key_layer_scaling = apply_query_key_layer_scaling
+        self.attention_softmax_in_fp32 = attention_softmax_in_fp32
+        self.fp32_residual_connection = fp32_residual_connection
+        # ChatGLM3 (and GLM-4) scale the rotary base by rope_ratio; chatglm2-6b-32k divided the positions
+        # by it instead (linear interpolation): set rope_ratio_scales="positions" for that checkpoint.
+        self.rope_ratio = rope_ratio
+        if rope_ratio_scales not in ("base", "positions"):
+            raise ValueError(f"rope_ratio_scales={rope_ratio_scales!r}: expected 'base' or 'positions'")
+        self.rope_ratio_scales = rope_ratio_scales
+        self.initializer_range = initializer_range
+        self.pre_seq_len = pre_seq_len
+        self.quantization_bit = quantization_bit
+        kwargs.setdefault("eos_token_id", 2)
+        kwargs.setdefault("pad_token_id", 0)
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @property
+    def num_key_value_heads(self) -> int:
+        """Key/value heads: the multi-query groups, or one per query head without multi-query attention."""
+        return self.multi_query_group_num if self.multi_query_attention else self.num_attention_heads
+
+    def check_supported(self) -> None:
+        """A one-line error for THUDM options this port does not run (P-tuning prefixes, int4/int8 weights)."""
+        for name, off in _UNSUPPORTED.items():
+            value = getattr(self, name, off)
+            if value not in (off, None, 0):
+                raise ValueError(f"ChatGLM2 config sets {name}={value!r}: not supported by glm_port (use {off!r})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"ChatGLM2 config: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"multi_query_group_num ({self.num_key_value_heads})"
+            )
+
+
+# The shape of the embedded default model (glm-chat with no --model): ChatGLM2-6B's layout at a width
+# a laptop runs instantly. The vocabulary is sized by the tokenizer built with it.
+TINY = dict(
+    num_layers=2, hidden_size=64, ffn_hidden_size=160, kv_channels=16, num_attention_heads=4,
+    multi_query_group_num=2, seq_length=512,
+)

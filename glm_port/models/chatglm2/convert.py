@@ -1,0 +1,274 @@
+"""ChatGLM2 <-> transformers' native ``GlmForCausalLM`` (model_type "glm"): the same network, other names.
+
+transformers' GLM family (written for GLM-4) has ChatGLM2's layout, so a ChatGLM2 checkpoint becomes a
+directory ``AutoModelForCausalLM.from_pretrained`` loads without remote code, and back:
+
+=====================================================  ==========================================
+ChatGLM2 (THUDM)                                       transformers GlmForCausalLM
+=====================================================  ==========================================
+transformer.embedding.word_embeddings.weight           model.embed_tokens.weight
+...layers.{i}.input_layernorm.weight                   model.layers.{i}.input_layernorm.weight
+...layers.{i}.self_attention.query_key_value.{w,b}     ...self_attn.{q,k,v}_proj.{w,b}: rows H*d | G*d | G*d
+...layers.{i}.self_attention.dense.weight              ...self_attn.o_proj.weight
+...layers.{i}.post_attention_layernorm.weight          ...post_attention_layernorm.weight
+...layers.{i}.mlp.dense_h_to_4h.weight                 ...mlp.gate_up_proj.weight (gate | up, as is)
+...layers.{i}.mlp.dense_4h_to_h.weight                 ...mlp.down_proj.weight
+transformer.encoder.final_layernorm.weight             model.norm.weight
+transformer.output_layer.weight                        lm_head.weight
+=====================================================  ==========================================
+
+Config: ``num_key_value_heads`` = ``multi_query_group_num``, ``head_dim`` = ``kv_channels``,
+``partial_rotary_factor`` 0.5, ``attention_bias`` = ``add_qkv_bias``, ``rope_theta`` = 10000 x
+``rope_ratio`` (chatglm2-6b-32k's divided positions become ``rope_type`` "linear"). Rotary embeddings
+need no permutation: transformers' GLM rotates interleaved pairs of the first half of each head, as
+THUDM's code does (LLaMA-style checkpoints would need one; this family does not).
+
+Both directions read tensors one at a time across shards and write safetensors shards into a
+temporary directory that is renamed to DST at the end, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from glm_port.models.chatglm2.config import ChatGLM2Config
+from glm_port.models.chatglm2.weights import TensorSource, WeightsError, read_config, read_config_json
+
+_LAYER = re.compile(r"^transformer\.encoder\.layers\.(\d+)\.(.+)$")
+_PLAIN = {  # per-layer names that only change their prefix
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.dense.weight": "self_attn.o_proj.weight",
+    "mlp.dense_h_to_4h.weight": "mlp.gate_up_proj.weight",
+    "mlp.dense_4h_to_h.weight": "mlp.down_proj.weight",
+}
+_TOP = {
+    "transformer.embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "transformer.encoder.final_layernorm.weight": "model.norm.weight",
+    "transformer.output_layer.weight": "lm_head.weight",
+}
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+
+
+# ---------------------------------------------------------------- configs
+def to_glm_config(config: ChatGLM2Config):
+    """The ``GlmConfig`` of the same network; a one-line error for options transformers' GLM lacks."""
+    from transformers import GlmConfig
+
+    unsupported = {
+        "rmsnorm": (config.rmsnorm, True), "add_bias_linear": (config.add_bias_linear, False),
+        "post_layer_norm": (config.post_layer_norm, True),
+        "apply_residual_connection_post_layernorm": (config.apply_residual_connection_post_layernorm, False),
+    }
+    for name, (value, needed) in unsupported.items():
+        if value != needed:
+            raise WeightsError(f"ChatGLM2 config {name}={value}: transformers' GlmForCausalLM has no such option")
+    rope = {"rope_type": "default", "rope_theta": 10000.0 * config.rope_ratio, "partial_rotary_factor": 0.5}
+    if config.rope_ratio_scales == "positions" and config.rope_ratio != 1:
+        rope = {"rope_type": "linear", "factor": float(config.rope_ratio), "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5}
+    return GlmConfig(
+        vocab_size=config.padded_vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.ffn_hidden_size, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.kv_channels, rms_norm_eps=config.layernorm_epsilon,
+        max_position_embeddings=config.seq_length, attention_bias=config.add_qkv_bias,
+        attention_dropout=config.attention_dropout, tie_word_embeddings=False, rope_parameters=rope,
+        pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=None,
+        initializer_range=config.initializer_range,
+    )
+
+
+def from_glm_config(raw: dict) -> ChatGLM2Config:
+    """The ChatGLM2 config of a transformers GLM ``config.json`` (as a dict)."""
+    rope = raw.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.5))
+    if partial != 0.5:
+        raise WeightsError(f"GLM config partial_rotary_factor={partial}: ChatGLM2 rotates half of each head (0.5)")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise WeightsError(f"GLM config hidden_act={raw['hidden_act']!r}: ChatGLM2's MLP is SwiGLU ('silu')")
+    rope_type = rope.get("rope_type", "default")
+    theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        ratio, scales = theta / 10000.0, "base"
+    elif rope_type == "linear" and theta == 10000.0:
+        ratio, scales = float(rope["factor"]), "positions"
+    else:
+        raise WeightsError(f"GLM config rope_type={rope_type!r} (theta {theta}): not a ChatGLM2 rotary embedding")
+    heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    return ChatGLM2Config(
+        num_layers=raw["num_hidden_layers"], padded_vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+        ffn_hidden_size=raw["intermediate_size"], kv_channels=head_dim, num_attention_heads=heads,
+        seq_length=raw.get("max_position_embeddings", 32768), layernorm_epsilon=raw.get("rms_norm_eps", 1e-5),
+        add_qkv_bias=raw.get("attention_bias", True), multi_query_attention=True,
+        multi_query_group_num=raw.get("num_key_value_heads") or heads, attention_dropout=raw.get("attention_dropout", 0.0),
+        rope_ratio=ratio, rope_ratio_scales=scales, initializer_range=raw.get("initializer_range", 0.02),
+        eos_token_id=raw.get("eos_token_id", 2), pad_token_id=raw.get("pad_token_id", 0),
+    )
+
+
+# ---------------------------------------------------------------- tensors
+def _split_qkv(config: ChatGLM2Config, qkv: torch.Tensor):
+    """Q, K, V rows of a fused ``query_key_value`` weight or bias."""
+    d, heads, groups = config.kv_channels, config.num_attention_heads, config.num_key_value_heads
+    if config.multi_query_attention:
+        return qkv.split([heads * d, groups * d, groups * d], dim=0)
+    per_head = qkv.unflatten(0, (heads, 3, d))  # THUDM's layout without multi-query: [q_h; k_h; v_h] per head
+    return tuple(per_head[:, i].flatten(0, 1) for i in range(3))
+
+
+def to_glm_plan(config: ChatGLM2Config, source: TensorSource):
+    """``[(transformers name, function giving the tensor)]`` in model order."""
+    plan = []
+    for name in source.keys():
+        if name in _TOP:
+            plan.append((_TOP[name], lambda name=name: source[name]))
+            continue
+        match = _LAYER.match(name)
+        if match is None:
+            if name.endswith("rotary_pos_emb.inv_freq"):
+                continue
+            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
+        layer, rest = match.groups()
+        prefix = f"model.layers.{layer}."
+        if rest in _PLAIN:
+            plan.append((prefix + _PLAIN[rest], lambda name=name: source[name]))
+        elif rest.startswith("self_attention.query_key_value."):
+            kind = rest.rsplit(".", 1)[1]
+            for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                plan.append((f"{prefix}self_attn.{proj}.{kind}",
+                             lambda name=name, i=i: _split_qkv(config, source[name])[i]))
+        else:
+            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
+    return plan
+
+
+def from_glm_plan(config: ChatGLM2Config, source: TensorSource):
+    inverse_top = {v: k for k, v in _TOP.items()}
+    inverse_plain = {v: k for k, v in _PLAIN.items()}
+    plan, layer_re = [], re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+    for name in source.keys():
+        if name in inverse_top:
+            plan.append((inverse_top[name], lambda name=name: source[name]))
+            continue
+        match = layer_re.match(name)
+        if match is None:
+            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
+        layer, rest = match.groups()
+        prefix = f"transformer.encoder.layers.{layer}."
+        if rest in inverse_plain:
+            plan.append((prefix + inverse_plain[rest], lambda name=name: source[name]))
+        elif rest.startswith("self_attn.q_proj."):
+            kind = rest.rsplit(".", 1)[1]
+            parts = [f"model.layers.{layer}.self_attn.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
+            plan.append((f"{prefix}self_attention.query_key_value.{kind}",
+                         lambda parts=parts: torch.cat([source[p] for p in parts], dim=0)))
+        elif rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
+            continue  # joined with q_proj
+        else:
+            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
+    if "transformer.output_layer.weight" not in {target for target, _ in plan}:  # tied GLM: untie
+        plan.append(("transformer.output_layer.weight", lambda: source["model.embed_tokens.weight"]))
+    return plan
+
+
+# ---------------------------------------------------------------- writing
+def _parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", str(text).upper())
+    if not match:
+        raise WeightsError(f"--max-shard-size {text!r}: expected a size such as 2GB or 500MB")
+    scale = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}[match[2]]
+    return int(float(match[1]) * scale)
+
+
+def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert"):
+    """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically."""
+    from safetensors.torch import save_file
+
+    dst = Path(dst)
+    if dst.exists() and any(dst.iterdir()):
+        raise WeightsError(f"{dst}: exists and is not empty (pick a new directory)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        shards, current, size = [], {}, 0
+        for name, get in tqdm(plan, desc=desc, unit="tensor", disable=None):
+            tensor = get()
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            nbytes = tensor.numel() * tensor.element_size()
+            if current and size + nbytes > max_shard_bytes:
+                shards.append(current)
+                current, size = {}, 0
+            current[name] = tensor.contiguous().clone()
+            size += nbytes
+            if size >= max_shard_bytes:
+                shards.append(current)
+                current, size = {}, 0
+        if current:
+            shards.append(current)
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in shard})
+            total += sum(t.numel() * t.element_size() for t in shard.values())
+        if len(shards) > 1:
+            (tmp / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2), encoding="utf-8")
+        config_writer(tmp)
+        for fname in TOKENIZER_FILES:
+            if src is not None and (Path(src) / fname).is_file():
+                shutil.copyfile(Path(src) / fname, tmp / fname)
+        if dst.exists():
+            dst.rmdir()
+        os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
+    """ChatGLM2 directory ``src`` -> transformers GLM directory ``dst`` (``AutoModelForCausalLM`` loads it)."""
+    config = read_config(src)
+    glm_config = to_glm_config(config)
+    source = TensorSource(src)
+    plan = to_glm_plan(config, source)
+
+    def write_config(directory):
+        if dtype is not None:
+            glm_config.dtype = dtype
+        glm_config.architectures = ["GlmForCausalLM"]
+        glm_config.save_pretrained(directory)
+
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="to transformers")
+
+
+def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
+    """transformers GLM directory ``src`` (model_type "glm") -> ChatGLM2 directory ``dst``."""
+    raw = read_config_json(src)
+    if raw.get("model_type") != "glm":
+        raise WeightsError(
+            f"{Path(src) / 'config.json'}: model_type {raw.get('model_type')!r} is not transformers' GLM ('glm')"
+        )
+    if "intermediate_size" not in raw or "num_hidden_layers" not in raw:  # THUDM's GLM-10B also says "glm"
+        raise WeightsError(f"{Path(src) / 'config.json'}: not a GlmForCausalLM config (no intermediate_size/"
+                           f"num_hidden_layers); THUDM GLM-10B directories are the glm family, not ChatGLM2")
+    config = from_glm_config(raw)
+    source = TensorSource(src)
+    plan = from_glm_plan(config, source)
+
+    def write_config(directory):
+        config.architectures = ["ChatGLM2ForCausalLM"]
+        config.save_pretrained(directory)
+
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="from transformers")

@@ -1,0 +1,157 @@
+"""What the ChatGLM2 family offers shared finetuning (glm-finetune, issue 18): samples, LoRA targets.
+
+ADGEN as THUDM's ``ptuning/main.py`` prepares it: the source (``content``) goes through ``build_prompt``
+and is encoded with the ``[gMASK] sop`` prefix, truncated to ``max_source_length`` (64) tokens; the
+target (``summary``) is encoded bare, truncated to ``max_target_length`` (128), and ``</s>`` appended.
+``input_ids = prompt + target + eos``, ``labels`` the same with the prompt (and padding) set to -100,
+padded on the right to ``64 + 128 + 1`` for training. The model's loss over these labels is THUDM's
+(next-token cross entropy, mean over counted positions = ``sum(loss*mask)/mask.sum()``).
+
+LoRA as MindFormers trains ChatGLM2 on ADGEN: rank 8, alpha 32, dropout 0.1 on ``query_key_value``.
+"""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100
+LORA_TARGET_MODULES = ("query_key_value",)
+LORA_DEFAULTS = dict(r=8, lora_alpha=32, lora_dropout=0.1)
+
+
+def adgen_train_example(tokenizer, content: str, summary: str, history=None, max_source_length: int = 64,
+                        max_target_length: int = 128, pad: bool = True) -> dict:
+    """``{"input_ids", "labels"}`` (lists of ints) for one ADGEN training sample, as ptuning/main.py builds it."""
+    prompt = tokenizer.build_prompt(content, history)
+    a_ids = tokenizer.encode(prompt, add_special_tokens=True, truncation=True, max_length=max_source_length)
+    b_ids = tokenizer.encode(summary, add_special_tokens=False, truncation=True, max_length=max_target_length)
+    input_ids = a_ids + b_ids + [tokenizer.eos_token_id]
+    labels = [IGNORE_INDEX] * len(a_ids) + b_ids + [tokenizer.eos_token_id]
+    if pad:
+        pad_len = max_source_length + max_target_length + 1 - len(input_ids)
+        input_ids += [tokenizer.pad_token_id] * pad_len
+        labels += [IGNORE_INDEX] * pad_len
+    # ptuning/main.py (ignore_pad_token_for_loss) also stops counting any target token equal to the pad id.
+    labels = [IGNORE_INDEX if label == tokenizer.pad_token_id else label for label in labels]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def adgen_eval_example(tokenizer, content: str, summary: str, history=None, max_source_length: int = 64) -> dict:
+    """``{"input_ids", "reference"}``: the prompt to generate from (left-padded later in a batch), the text to score."""
+    prompt = tokenizer.build_prompt(content, history)
+    ids = tokenizer.encode(prompt, add_special_tokens=True, truncation=True, max_length=max_source_length)
+    return {"input_ids": ids, "reference": summary}
+
+
+def lora_config(**overrides):
+    """PEFT ``LoraConfig`` for ChatGLM2 (MindFormers' ADGEN settings unless overridden)."""
+    from peft import LoraConfig, TaskType
+
+    settings = {**LORA_DEFAULTS, "target_modules": list(LORA_TARGET_MODULES), **overrides}
+    return LoraConfig(task_type=TaskType.CAUSAL_LM, **settings)
+
+
+# ---- the binding glm-finetune drives (same names in every family: see glm_port/models/glm/finetune.py) ----
+
+EMBEDDED = "chatglm2-tiny"
+
+
+def load(path, device, recompute: bool = False):
+    """``(model, tokenizer)``: a ChatGLM2 directory, or (None) the embedded random-init tiny model."""
+    if path is None:
+        from glm_port.models.chatglm2.tiny import build_tiny
+
+        model, tokenizer = build_tiny()
+    else:
+        from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer
+
+        model, tokenizer = load_pretrained(path, dtype=None, device=device), load_tokenizer(path)
+    model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    if recompute:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def config_of(model):
+    return model.config
+
+
+def fingerprint(tokenizer) -> str:
+    import hashlib
+
+    with open(tokenizer.vocab_file, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def encode(tokenizer, pairs, src_length: int, tgt_length: int, with_targets: bool = True):
+    """Each pair as ``ptuning/main.py`` builds an ADGEN sample (the source through ``build_prompt``), in
+    glm_port's batch layout: ``text`` the ids, ``target`` the next token at each position, ``loss_mask`` 1
+    on the answer and its ``</s>``."""
+    import numpy as np
+
+    from glm_port.models.glm.seq2seq import Encoded
+
+    samples = []
+    for pair in pairs:
+        if with_targets:
+            built = adgen_train_example(tokenizer, pair.source, pair.target, max_source_length=src_length,
+                                        max_target_length=tgt_length, pad=False)
+            ids, labels = built["input_ids"], built["labels"]
+            truncated = len(tokenizer.encode(pair.target, add_special_tokens=False)) > tgt_length
+        else:
+            ids = adgen_eval_example(tokenizer, pair.source, pair.target, max_source_length=src_length)["input_ids"]
+            labels, truncated = [IGNORE_INDEX] * len(ids), False
+        target = np.asarray(labels[1:] + [IGNORE_INDEX], dtype=np.int64)
+        counted = target != IGNORE_INDEX
+        prompt = next((k + 1 for k, label in enumerate(labels[1:]) if label != IGNORE_INDEX), len(ids))
+        samples.append(Encoded(
+            text=np.asarray(ids, dtype=np.int64), position_id=np.arange(len(ids), dtype=np.int64), sep=prompt,
+            target=np.where(counted, target, 0), loss_mask=counted.astype(np.float32), truncated_target=truncated,
+        ))
+    return samples
+
+
+def collate(samples, tokenizer) -> dict:
+    """Right-padded batch; ``attention_mask`` ``[b, s]`` marks the real tokens (attention is causal)."""
+    import torch
+
+    from glm_port.models.glm.seq2seq import collate as padded
+
+    batch = padded(samples, tokenizer.pad_token_id)
+    lengths = torch.tensor([len(s.text) for s in samples])
+    batch["attention_mask"] = (torch.arange(batch["text"].size(1)) < lengths[:, None]).long()
+    return batch
+
+
+def logits(model, batch: dict, counted):
+    """Logits of the counted positions (the model projects every position; ChatGLM2 has no position filter)."""
+    return model(input_ids=batch["text"], attention_mask=batch["attention_mask"], use_cache=False).logits[counted]
+
+
+def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -> list[str]:
+    """The prompt (``[gMASK] sop`` + ``build_prompt(source)``) continued until ``</s>``, left-padded batches."""
+    import torch
+
+    search = {"eos_token_id": model.config.eos_token_id, "pad_token_id": model.config.pad_token_id, **search}
+    texts = []
+    for start in range(0, len(samples), batch_size):
+        prompts = [s.text[:s.sep].tolist() for s in samples[start:start + batch_size]]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **search)
+        for row in out[:, width:].tolist():
+            cut = next((k for k, t in enumerate(row) if t in (search["eos_token_id"], search["pad_token_id"])), len(row))
+            texts.append(tokenizer.decode(row[:cut]).strip())
+    return texts
+
+
+def save(model, tokenizer, directory, source=None) -> None:
+    model.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory, source)
+
+
+def save_tokenizer(tokenizer, directory, source=None) -> None:
+    tokenizer.save_pretrained(directory)

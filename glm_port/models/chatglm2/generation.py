@@ -1,0 +1,68 @@
+"""ChatGLM2's side of ``glm-generate`` (``glm_port.generation``): load a directory, continue a batch of prompts.
+
+Prompts are continued as written (``[gMASK] sop`` + text, left-padded batches, ``generate`` until ``</s>``);
+for the chat format use ``glm-chat`` or ``model.chat``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, None: None}
+
+
+def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
+    """``(model, tokenizer)`` from a ChatGLM2 directory (``tokenizer_path``: another ``tokenizer.model``)."""
+    from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
+    from glm_port.models.chatglm2.weights import check_directory, load_pretrained, load_tokenizer
+
+    if tokenizer_type is not None:
+        raise ValueError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model")
+    config = check_directory(path)
+    tokenizer = ChatGLM2Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
+    if tokenizer.vocab_size > config.padded_vocab_size:
+        raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
+                         f"padded_vocab_size ({config.padded_vocab_size})")
+    if tensor_parallel is None:
+        return load_pretrained(path, dtype=DTYPES[dtype], device=device or "cpu"), tokenizer
+    return load_split(path, config, DTYPES[dtype], device or "cpu"), tokenizer
+
+
+def load_split(path, config, dtype=None, device="cpu"):
+    """The model built under the current tensor-parallel layout, each rank reading its slices of the weights
+    one tensor at a time (``weights.tensor_parallel_slice``)."""
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+    from glm_port.models.chatglm2.weights import TensorSource, default_dtype, load_tensor_parallel
+
+    model = ChatGLM2ForCausalLM(config)
+    load_tensor_parallel(model, TensorSource(path))
+    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
+
+
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, batch_size: int = 8,
+             **generate_kwargs) -> list[dict]:
+    """One result per prompt (per returned sequence): ``prompt``, ``text`` (prompt + continuation),
+    ``generated_ids`` (one span: the new tokens before ``</s>``), ``marked``, ``sequence``."""
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    generate_kwargs.setdefault("eos_token_id", eos)
+    generate_kwargs.setdefault("pad_token_id", pad)
+    results = []
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        inputs = tokenizer(batch, return_tensors="pt", padding=True).to(model.device)
+        length = inputs["input_ids"].shape[1]
+        if length + 1 > model.config.seq_length:
+            raise ValueError(f"prompt of {length} tokens does not fit the model's seq_length ({model.config.seq_length})")
+        output = model.generate(**inputs, max_new_tokens=min(max_new_tokens, model.config.seq_length - length),
+                                **generate_kwargs)
+        per_prompt = output.shape[0] // len(batch)
+        for row, sequence in enumerate(output.tolist()):
+            prompt = batch[row // per_prompt]
+            new = sequence[length:]
+            new = new[:new.index(eos)] if eos in new else new
+            completion = tokenizer.decode(new)
+            padding = int((inputs["attention_mask"][row // per_prompt] == 0).sum())  # left padding
+            ids = sequence[padding:]
+            results.append({"prompt": prompt, "text": prompt + completion, "generated_ids": [new],
+                            "marked": f"{prompt}<|startofpiece|>{completion}<|endofpiece|>", "sequence": ids})
+    return results

@@ -1,0 +1,346 @@
+"""ChatGLM2 / ChatGLM3: the model of THUDM's ``modeling_chatglm.py``, written to be read as the math.
+
+Parameter names are THUDM's, so a ``chatglm2-6b`` directory's weights load as they are::
+
+    transformer.embedding.word_embeddings.weight                          [vocab, h]
+    transformer.encoder.layers.{i}.input_layernorm.weight                 RMSNorm
+    transformer.encoder.layers.{i}.self_attention.query_key_value.{weight,bias}
+                                                                          [(H + 2G) * d, h]: Q | K | V
+    transformer.encoder.layers.{i}.self_attention.dense.weight            [h, H * d]
+    transformer.encoder.layers.{i}.post_attention_layernorm.weight        RMSNorm
+    transformer.encoder.layers.{i}.mlp.dense_h_to_4h.weight               [2 * ffn, h]: gate | up
+    transformer.encoder.layers.{i}.mlp.dense_4h_to_h.weight               [h, ffn]
+    transformer.encoder.final_layernorm.weight
+    transformer.output_layer.weight                                       [vocab, h], not tied
+
+(``transformer.rotary_pos_emb.inv_freq`` in THUDM's files is a buffer of constants: ignored on load.)
+
+One layer, pre-norm: ``x += dense(attn(rope(q), rope(k), v))`` on ``rmsnorm(x)``, then
+``x += dense_4h_to_h(silu(gate) * up)`` on ``rmsnorm(x)``. Attention is causal, multi-query: H query
+heads share G key/value groups (ChatGLM2-6B: 32 heads of 128, 2 groups), and SDPA reads the G groups
+directly (``enable_gqa``), so the cache and the attention never hold H copies. Rotary embedding turns
+the first half of each head in interleaved pairs ``(x0, x1), (x2, x3), ...`` with base
+``10000 * rope_ratio``. Tensors are ``[batch, seq, hidden]`` (THUDM's are ``[seq, batch, hidden]``;
+the numbers are the same). The key/value cache is a transformers ``Cache`` (``DynamicCache``).
+"""
+
+from __future__ import annotations
+
+import shim as torch
+import shim.nn as nn
+import shim.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from glm_port.models.chatglm2.config import ChatGLM2Config
+
+# transformers names the cache ``cache`` in model outputs and inputs from 5.2x on, ``past_key_values`` before.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight``, the statistics in fp32 (THUDM's order of casts)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (self.weight * (x * torch.rsqrt(variance + self.eps))).to(x.dtype)
+
+
+def _norm(config: ChatGLM2Config):
+    if config.rmsnorm:
+        return RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+
+
+def rotary_cos_sin(config: ChatGLM2Config, position_ids, dtype):
+    """cos and sin of ``position * theta_i`` for the rotated half of a head: ``[batch, 1, seq, d/4]`` each.
+
+    ``theta_i = base^(-2i / (d/2))`` over the ``d/2`` rotated dims, ``base = 10000 * rope_ratio``
+    (or, for chatglm2-6b-32k, positions divided by ``rope_ratio``). Computed in fp32, then cast to the
+    activations' dtype as THUDM does.
+    """
+    rotary_dim = config.kv_channels // 2
+    base, positions = 10000.0, position_ids.float()
+    if config.rope_ratio_scales == "base":
+        base *= config.rope_ratio
+    else:
+        positions = positions / config.rope_ratio
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim))
+    angles = positions[:, None, :, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of the first ``2 * cos.shape[-1]`` dims of each head."""
+    rotary_dim = 2 * cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    x0, x1 = x_rot.unflatten(-1, (-1, 2)).unbind(-1)
+    rotated = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x_pass), dim=-1)
+
+
+def attention_mask_4d(attention_mask, query_len: int, past_len: int):
+    """Which keys each query sees, ``[batch, 1, query, past + query]`` (True = attend), or None.
+
+    None means "no padding": the caller then lets SDPA apply causality itself. Causal, minus the
+    padded keys of ``attention_mask`` (``[batch, past + query]``, 1 = token, left padding); a row with
+    no key left (a padding query) sees every key, as THUDM's ``get_masks`` does, so it stays finite.
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    key_len = past_len + query_len
+    device = attention_mask.device
+    causal = torch.arange(key_len, device=device)[None, :] <= (past_len + torch.arange(query_len, device=device))[:, None]
+    mask = causal[None] & attention_mask[:, None, -key_len:].bool()
+    mask = mask | ~mask.any(-1, keepdim=True)
+    return mask[:, None]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ChatGLM2Config, layer_idx: int):
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        # This rank's query heads and key/value groups (all of them in one process).
+        self.num_heads = nn.heads_per_rank(config.num_attention_heads)
+        self.num_groups = config.num_key_value_heads * self.num_heads // config.num_attention_heads
+        if self.num_groups * config.num_attention_heads != config.num_key_value_heads * self.num_heads:
+            raise ValueError(f"ChatGLM2: {config.num_key_value_heads} key/value groups do not split over "
+                             f"{config.num_attention_heads // self.num_heads} tensor-parallel ranks")
+        self.head_dim = config.kv_channels
+        qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * self.head_dim
+        # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
+        self.query_key_value = nn.Linear1D(
+            config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
+        )
+        self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                 bias=config.add_bias_linear, parallel="row")
+
+    def split_qkv(self, qkv):
+        """``[b, s, (H + 2G) d]`` -> q ``[b, H, s, d]``, k and v ``[b, G, s, d]``.
+
+        Multi-query weights are ``Q | K | V`` blocks; without multi-query attention THUDM's fused weight
+        is per head ``[q_h; k_h; v_h]``.
+        """
+        b, s, _ = qkv.shape
+        d = self.head_dim
+        if self.config.multi_query_attention:
+            q, k, v = qkv.split([self.num_heads * d, self.num_groups * d, self.num_groups * d], dim=-1)
+            q, k, v = (t.view(b, s, -1, d) for t in (q, k, v))
+        else:
+            q, k, v = qkv.view(b, s, self.num_heads, 3 * d).split(d, dim=-1)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x, cos, sin, mask, cache: Cache | None):
+        q, k, v = self.split_qkv(self.query_key_value(x))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        dropout = self.config.attention_dropout if self.training else 0.0
+        is_causal = mask is None and q.shape[2] == k.shape[2] and q.shape[2] > 1
+        if mask is None and not is_causal and q.shape[2] > 1:  # a chunk after a cache: causal with an offset
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
+        b, heads, length, d = q.shape
+        if length == 1 and self.num_groups != heads:
+            # One new token (decoding): a group's query heads are queries of the same keys, so they are
+            # folded into the query dim, [b, G, H/G, d], and SDPA runs G plain heads: the same arithmetic,
+            # about twice as fast on CPU as enable_gqa with one query at ChatGLM2-6B's shape (docs/chatglm2.md).
+            q = q.reshape(b, self.num_groups, heads // self.num_groups, d)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout).reshape(b, heads, 1, d)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
+                enable_gqa=self.num_groups != heads,
+            )
+        return self.dense(out.transpose(1, 2).flatten(2))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``dense_4h_to_h(silu(gate) * up)`` with ``gate | up = dense_h_to_4h(x)``."""
+
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__()
+        # gate and up split together (stride 2): rank r holds [gate_r; up_r], so silu(gate_r) * up_r is local.
+        self.dense_h_to_4h = nn.Linear1D(config.hidden_size, 2 * config.ffn_hidden_size, bias=config.add_bias_linear,
+                                         parallel="col", stride=2)
+        self.dense_4h_to_h = nn.Linear1D(config.ffn_hidden_size, config.hidden_size, bias=config.add_bias_linear,
+                                         parallel="row")
+
+    def forward(self, x):
+        gate, up = self.dense_h_to_4h(x).chunk(2, dim=-1)
+        return self.dense_4h_to_h(F.silu(gate) * up)
+
+
+class GLMBlock(nn.Module):
+    def __init__(self, config: ChatGLM2Config, layer_idx: int):
+        super().__init__()
+        self.post_ln_residual = config.apply_residual_connection_post_layernorm
+        self.hidden_dropout = config.hidden_dropout
+        self.input_layernorm = _norm(config)
+        self.self_attention = SelfAttention(config, layer_idx)
+        self.post_attention_layernorm = _norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, mask, cache):
+        normed = self.input_layernorm(x)
+        attn = F.dropout(self.self_attention(normed, cos, sin, mask, cache), self.hidden_dropout, self.training)
+        x = (normed if self.post_ln_residual else x) + attn
+        normed = self.post_attention_layernorm(x)
+        mlp = F.dropout(self.mlp(normed), self.hidden_dropout, self.training)
+        return (normed if self.post_ln_residual else x) + mlp
+
+
+class GLMTransformer(nn.Module):
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__()
+        self.layers = nn.ModuleList(GLMBlock(config, i) for i in range(config.num_layers))
+        if config.post_layer_norm:
+            self.final_layernorm = _norm(config)
+
+    def forward(self, x, cos, sin, mask, cache):
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache)
+        return self.final_layernorm(x) if hasattr(self, "final_layernorm") else x
+
+
+class Embedding(nn.Module):
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+
+    def forward(self, input_ids):
+        return self.word_embeddings(input_ids)
+
+
+class ChatGLM2PreTrainedModel(PreTrainedModel):
+    config_class = ChatGLM2Config
+    config: ChatGLM2Config
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["GLMBlock"]
+    _supports_sdpa = True
+    _keys_to_ignore_on_load_unexpected = [r"rotary_pos_emb\.inv_freq"]
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (RMSNorm, nn.LayerNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
+class ChatGLM2Model(ChatGLM2PreTrainedModel):
+    """THUDM's ``ChatGLMModel``: embedding, encoder and (as THUDM places it) the output layer."""
+
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__(config)
+        config.check_supported()
+        self.embedding = Embedding(config)
+        self.encoder = GLMTransformer(config)
+        self.output_layer = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embedding.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embedding.word_embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, **kwargs):
+        """Final hidden states ``[batch, seq, hidden]`` (``output_layer`` is applied by the LM head)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("ChatGLM2: pass exactly one of input_ids and inputs_embeds")
+        x = self.embedding(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, seq = x.shape[:2]
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past = cache.get_seq_length() if cache is not None else 0
+        if past + seq > self.config.seq_length:
+            raise ValueError(f"ChatGLM2: {past + seq} tokens exceed the model's seq_length ({self.config.seq_length})")
+        if position_ids is None:
+            position_ids = torch.arange(past, past + seq, device=x.device).expand(batch, seq)
+        cos, sin = rotary_cos_sin(self.config, position_ids, x.dtype)
+        mask = attention_mask_4d(attention_mask, seq, past)
+        hidden = self.encoder(x, cos, sin, mask, cache)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE: cache if use_cache else None})
+
+
+class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
+    """ChatGLM2 with its LM head, for ``generate``, ``pipeline("text-generation")``, ``chat`` and training."""
+
+    _tied_weights_keys = {}
+
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__(config)
+        self.transformer = ChatGLM2Model(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.transformer.embedding.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.transformer.embedding.word_embeddings = value
+
+    def get_output_embeddings(self):
+        return self.transformer.output_layer
+
+    def set_output_embeddings(self, value):
+        self.transformer.output_layer = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep: int = 0, past_key_values=None, **kwargs):
+        """Logits ``[batch, seq, vocab]`` (the last ``logits_to_keep`` positions when it is set).
+
+        ``labels`` (``-100`` = not counted) give the mean next-token loss over counted positions, in
+        fp32: ``sum(loss * mask) / mask.sum()``.
+        """
+        cache = past_key_values if cache is None else cache
+        out = self.transformer(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.transformer.output_layer(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: getattr(out, _CACHE)})
+
+    # THUDM's chat API (prompt format in the tokenizer's build_prompt).
+    def chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+        from glm_port.models.chatglm2.chat import chat
+
+        return chat(self, tokenizer, query, history, **generate_kwargs)
+
+    def stream_chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+        from glm_port.models.chatglm2.chat import stream_chat
+
+        return stream_chat(self, tokenizer, query, history, **generate_kwargs)
+
+
+def num_parameters_expected(config: ChatGLM2Config) -> int:
+    """Parameter count of a config (ChatGLM2-6B: 6,243,584,000), from the shapes above."""
+    h, d = config.hidden_size, config.kv_channels
+    qkv_out = (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    attn = h * qkv_out + qkv_out * (config.add_qkv_bias or config.add_bias_linear) + config.num_attention_heads * d * h
+    mlp = 3 * h * config.ffn_hidden_size
+    layer = attn + mlp + 2 * h
+    return 2 * config.padded_vocab_size * h + config.num_layers * layer + h * config.post_layer_norm
+
+
+__all__ = [
+    "ChatGLM2ForCausalLM", "ChatGLM2Model", "ChatGLM2PreTrainedModel", "apply_rotary", "attention_mask_4d",
+    "rotary_cos_sin", "num_parameters_expected",
+]

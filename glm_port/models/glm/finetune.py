@@ -1,0 +1,104 @@
+"""What GLM offers the shared finetuning (``glm_port.finetune``): loading, samples, loss inputs, generation,
+saving. Every family's binding has these names; ``glm-finetune`` drives whichever family the model is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import shim as torch
+from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.model import GLMModel
+from glm_port.models.glm.seq2seq import collate as _collate
+from glm_port.models.glm.seq2seq import encode_pair
+from glm_port.training import positions_logits
+
+EMBEDDED = "glm-tiny"
+# The embedded default: small enough to learn the toy task in about a minute on 2 CPU cores.
+TINY = dict(num_layers=2, hidden_size=128, num_attention_heads=4, max_sequence_length=64,
+            embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
+LORA_DEFAULTS: dict = {}  # glm-finetune's own defaults (PaddleNLP's GLM recipe passes r and alpha itself)
+logits = positions_logits  # GLM takes glm_port's batch layout as it is
+
+
+def load(path: Path | None, device, recompute: bool = False):
+    """``(model, vocabulary)``: any GLM weights ``path`` holds, or (None) a new small GLM."""
+    from glm_port import data
+
+    if path is None:
+        vocab = data.get_tokenizer()
+        config = GLMConfig(vocab_size=vocab.vocab_size, checkpoint_activations=recompute, **TINY)
+        return GLMModel(config).to(device), vocab
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    glm = GLMForConditionalGeneration.from_pretrained(path, device=device).glm
+    if recompute:
+        glm.config = glm.transformer.config = glm.config.replace(checkpoint_activations=True)
+    return glm, GLMTokenizer.from_pretrained(path).vocab
+
+
+def config_of(model) -> GLMConfig:
+    return model.config
+
+
+def fingerprint(vocab) -> str:
+    return vocab.fingerprint
+
+
+def encode(vocab, pairs, src_length: int, tgt_length: int, with_targets: bool = True):
+    sources = vocab.encode_batch([p.source for p in pairs])
+    targets = vocab.encode_batch([p.target for p in pairs]) if with_targets else [None] * len(pairs)
+    return [encode_pair(vocab, s, t, src_length, tgt_length) for s, t in zip(sources, targets)]
+
+
+def collate(samples, vocab) -> dict:
+    return _collate(samples, vocab.pad_id)
+
+
+def generate(model: GLMModel, vocab, samples, search: dict, batch_size: int, device) -> list[str]:
+    """Each sample's Part A continued after ``sop`` by ``GLMForConditionalGeneration.generate``."""
+    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    tokenizer = GLMTokenizer(vocab)
+    generator = GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(model.config), glm=model).eval()
+    stops = [tokenizer.eop_token_id, tokenizer.eos_token_id]
+    search = {"eos_token_id": stops, "pad_token_id": tokenizer.pad_token_id, **search}
+    texts = []
+    for start in range(0, len(samples), batch_size):
+        prompts = [s.text[:s.sep] for s in samples[start:start + batch_size]]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left-padded, as tokenizer(...) gives them
+            ids[row, width - len(prompt):] = torch.from_numpy(prompt)
+            mask[row, width - len(prompt):] = 1
+        inputs = tokenizer.build_inputs_for_generation({"input_ids": ids, "attention_mask": mask},
+                                                       max_gen_length=search["max_new_tokens"]).to(device)
+        with torch.no_grad():
+            out = generator.generate(**inputs, **search)
+        for row in out[:, inputs["input_ids"].size(1):].tolist():
+            cut = next((k for k, t in enumerate(row) if t in (*stops, tokenizer.pad_token_id)), len(row))
+            texts.append(vocab.decode(row[:cut]).strip())
+    return texts
+
+
+def save(model: GLMModel, vocab, directory: Path, source: Path | None) -> None:
+    """A directory ``from_pretrained`` and glm-generate read: config, safetensors, the vocabulary files."""
+    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+
+    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(model.config), glm=model).save_pretrained(directory)
+    save_tokenizer(vocab, directory, source)
+
+
+def save_tokenizer(vocab, directory: Path, source: Path | None) -> None:
+    import shutil
+
+    from glm_port.models.glm.tokenizer import tokenizer_files
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    GLMTokenizer(vocab).save_pretrained(directory)
+    for file in tokenizer_files(source) if source is not None else []:
+        if not (Path(directory) / file.name).exists():
+            shutil.copy2(file, Path(directory) / file.name)

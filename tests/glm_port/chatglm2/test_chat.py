@@ -1,0 +1,80 @@
+"""chat / stream_chat as THUDM's model offers them, transformers' pipeline, and the glm-chat command
+(on the embedded tiny model, and its one-line errors)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import pipeline
+
+from glm_port.chat import main as chat_main
+from glm_port.models.chatglm2.chat import PromptTooLong
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_chat_is_generate_on_the_prompt(tiny):
+    model, tok = tiny
+    history = [("你好", "你好！")]
+    response, new_history = model.chat(tok, "晚上好", history, do_sample=False, max_new_tokens=6)
+    ids = tok(tok.build_prompt("晚上好", history), return_tensors="pt")["input_ids"]
+    expected = model.generate(ids, do_sample=False, max_new_tokens=6, eos_token_id=2, pad_token_id=0)
+    assert response == tok.decode(expected[0, ids.shape[1]:].tolist()).strip()
+    assert new_history == history + [("晚上好", response)]
+
+
+def test_stream_chat_ends_with_chats_answer(tiny):
+    model, tok = tiny
+    torch.manual_seed(7)
+    response, _ = model.chat(tok, "你好", max_new_tokens=8)  # THUDM's defaults: sampling, top-p 0.8, T 0.8
+    torch.manual_seed(7)
+    steps = list(model.stream_chat(tok, "你好", max_new_tokens=8))
+    assert steps[-1][0] == response and steps[-1][1] == [("你好", response)]
+    assert len(steps) > 1 and all(steps[-1][0].startswith(s[0]) for s in steps)
+
+
+def test_pipeline_text_generation(tiny):
+    model, tok = tiny
+    prompt = tok.build_prompt("你好")
+    out = pipeline("text-generation", model=model, tokenizer=tok)(prompt, max_new_tokens=5, do_sample=False)
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    expected = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)
+    assert out[0]["generated_text"] == prompt + tok.decode(expected[0, ids.shape[1]:].tolist())
+
+
+def test_prompt_longer_than_seq_length(tiny):
+    model, tok = tiny
+    with pytest.raises(PromptTooLong, match=r"prompt of \d+ tokens does not fit the model's seq_length \(512\)"):
+        model.chat(tok, "你好" * 600)
+
+
+def test_glm_chat_interactive_on_the_embedded_model():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-m", "glm_port.chat", "--max-new-tokens", "4", "--seed", "0"],
+        input="你好\n/clear\n晚上好\n/exit\n", capture_output=True, text=True, env=env, timeout=240,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("ChatGLM：") == 2 and "(conversation cleared)" in run.stdout
+
+
+def test_glm_chat_errors_exit_2(tmp_path, capsys, make_model, write_thudm):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    model_dir = write_thudm(make_model(padded_vocab_size=1024), tmp_path / "glm2", shards=2)
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+
+    build_tokenizer(str(model_dir))
+    assert chat_main(["--model", str(tmp_path / "other")]) == 2
+    assert "model_type 'bert' is not a ChatGLM2-family model" in capsys.readouterr().err
+    assert chat_main(["--model", str(model_dir), "--prompt", "你好，晚上好" * 40]) == 2  # seq_length 64
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
+    assert err.startswith("glm-chat: error: prompt of ") and err.endswith("does not fit the model's seq_length (64)")
+    os.remove(model_dir / "pytorch_model-00001-of-00002.bin")
+    assert chat_main(["--model", str(model_dir)]) == 2
+    assert "pytorch_model-00001-of-00002.bin: shard listed in pytorch_model.bin.index.json is missing" in (
+        capsys.readouterr().err)

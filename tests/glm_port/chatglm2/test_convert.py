@@ -1,0 +1,83 @@
+"""glm-convert against transformers' own GlmForCausalLM: the converted directory loads with
+AutoModelForCausalLM (no remote code) and gives our logits and tokens, which checks our model's numerics
+against transformers' implementation; the way back restores THUDM's tensors exactly."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GlmForCausalLM
+
+from glm_port.convert.native import main as convert_main
+from glm_port.models.chatglm2.weights import load_pretrained
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, make_model, write_thudm):
+    root = tmp_path_factory.mktemp("convert")
+    model = make_model(rope_ratio=2.0)
+    write_thudm(model, root / "src", shards=3)
+    assert convert_main(["--to", "transformers", str(root / "src"), str(root / "hf"), "--max-shard-size", "40KB"]) == 0
+    return model, root
+
+
+def test_transformers_loads_it_and_gives_our_logits(converted):
+    model, root = converted
+    hf = AutoModelForCausalLM.from_pretrained(root / "hf").eval()
+    assert isinstance(hf, GlmForCausalLM)
+    assert len(json.loads((root / "hf" / "model.safetensors.index.json").read_text())["weight_map"]) > 0
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (2, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+        ours = model(ids, attention_mask=mask, position_ids=positions).logits
+        theirs = hf(ids, attention_mask=mask, position_ids=positions).logits
+        torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours[0, 4:], theirs[0, 4:], atol=1e-5, rtol=1e-5)
+        kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(model.generate(ids, **kw), hf.generate(ids, **kw))
+
+
+def test_round_trip_restores_thudms_tensors(converted):
+    model, root = converted
+    assert convert_main(["--from", "transformers", str(root / "hf"), str(root / "back")]) == 0
+    back = load_pretrained(root / "back")
+    assert back.config.rope_ratio == 2.0 and back.config.multi_query_group_num == 2
+    original = model.state_dict()
+    assert set(back.state_dict()) == set(original)
+    for name, tensor in back.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_chatglm2_32k_positions_become_linear_rope(tmp_path, make_model, write_thudm):
+    model = make_model(rope_ratio=4.0, rope_ratio_scales="positions")
+    write_thudm(model, tmp_path / "src")
+    assert convert_main(["--to", "transformers", str(tmp_path / "src"), str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.rope_parameters["rope_type"] == "linear"
+    ids = torch.arange(1, 17)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, converted, capsys):
+    _, root = converted
+    (tmp_path / "glm10b").mkdir()
+    (tmp_path / "glm10b" / "config.json").write_text(json.dumps({"model_type": "glm", "num_layers": 48}))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    cases = [
+        (["--to", "transformers", str(root / "src"), str(tmp_path / "full")], "exists and is not empty"),
+        (["--to", "transformers", str(root / "hf"), str(tmp_path / "a")], "model_type 'glm' is not a ChatGLM2"),
+        (["--from", "transformers", str(root / "src"), str(tmp_path / "b")], "model_type 'chatglm' is not transformers"),
+        (["--to", "transformers", str(tmp_path / "nowhere"), str(tmp_path / "c")], "not a directory"),
+        (["--from", "transformers", str(tmp_path / "glm10b"), str(tmp_path / "d")], "not a GlmForCausalLM config"),
+    ]
+    for argv, message in cases:
+        assert convert_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

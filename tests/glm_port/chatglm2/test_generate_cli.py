@@ -1,0 +1,47 @@
+"""glm-generate --model DIR on a ChatGLM2 directory: the family comes from config.json through the registry."""
+
+import io
+import json
+
+import pytest
+
+from glm_port.generation.cli import build_parser, main as generate_main, run
+from glm_port.models import family_for
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny, write_thudm):
+    model, tok = tiny
+    directory = tmp_path_factory.mktemp("chatglm2-tiny")
+    write_thudm(model, directory, shards=2)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def test_registry_knows_the_family():
+    family = family_for("chatglm")
+    assert family.name == "chatglm2" and family.load(family.model_class).__name__ == "ChatGLM2ForCausalLM"
+
+
+def test_glm_generate_continues_prompts_greedily(model_dir, tiny):
+    model, tok = tiny
+    prompts = ["你好", "Mira is the fisher of the valley."]
+    out, err = io.StringIO(), io.StringIO()
+    run(build_parser().parse_args(["--model", str(model_dir), "--json", "--max-new-tokens", "5", *prompts]), out, err)
+    results = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert "tokens/s" in err.getvalue()
+    assert [r["prompt"] for r in results] == prompts
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    expected = model.generate(**batch, max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)
+    for result, row in zip(results, expected[:, batch["input_ids"].shape[1]:].tolist()):
+        new = row[:row.index(2)] if 2 in row else row
+        assert result["generated_ids"] == [new]
+        assert result["text"] == result["prompt"] + tok.decode(new)
+
+
+def test_glm_generate_bad_input_exits_2(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "chatglm", "num_layers": 1}))
+    with pytest.raises(SystemExit) as exc:
+        generate_main(["--model", str(tmp_path), "hello"])
+    assert exc.value.code == 2
+    assert "no weights" in capsys.readouterr().err

@@ -1,0 +1,292 @@
+"""glm-merge and glm-export: tensor-parallel shards merge to the one-process weights and load in glm-generate;
+a LoRA adapter folds in as PEFT's own merged model computes; the ONNX decoding step, run by onnxruntime,
+generates what the eager model generates; bad input is one line, exit 2, and nothing is left behind."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from glm_port import GLMConfig, GLMModel
+from glm_port.convert import export as export_cli
+from glm_port.convert import merge as merge_cli
+from glm_port.convert.decode_step import DecodeStep, example_inputs, onnx_session, run_onnx
+from glm_port.data.tokenization import tiny_wordpiece
+from glm_port.generation import cli as generate_cli
+from glm_port.models.glm import weights
+from glm_port.models.glm.generation import load_tokenizer
+from glm_port.models.glm.hf import GLMForConditionalGeneration
+from glm_port.models.glm.tokenizer import GLMTokenizer
+
+VOCAB = tiny_wordpiece()
+CONFIG = GLMConfig(vocab_size=VOCAB.vocab_size, num_layers=2, hidden_size=64, num_attention_heads=4,
+                   max_sequence_length=32, init_method_std=0.3, embedding_dropout_prob=0.0,
+                   attention_dropout_prob=0.0, output_dropout_prob=0.0)
+PROMPTS = ["the cat sat on the [MASK] .", "language models"]
+
+
+@pytest.fixture(scope="module")
+def glm():
+    torch.manual_seed(0)
+    return GLMModel(CONFIG).eval()
+
+
+def write_shards(directory, state, size, iteration=3):
+    """What a glm-finetune / glm-pretrain run at tensor-parallel size ``size`` saves: one file per rank with
+    Megatron's slice of every weight (weights.take_slice), the architecture under 'glm_config'."""
+    (directory / str(iteration)).mkdir(parents=True)
+    (directory / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    for rank in range(size):
+        part = {k: weights.take_slice(k, v, size, rank).clone() for k, v in state.items()}
+        torch.save({"module": part, "iteration": iteration, "glm_config": CONFIG.to_dict()},
+                   directory / str(iteration) / f"mp_rank_{rank:02d}_model_states.pt")
+    return directory
+
+
+def generate(model_dir, *extra):
+    out, err = io.StringIO(), io.StringIO()
+    args = generate_cli.build_parser().parse_args(["--model", str(model_dir), "--json", "--max-new-tokens", "4",
+                                                   *extra, *PROMPTS])
+    generate_cli.run(args, out=out, err=err)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def exits_2(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+# ---- glm-merge ---------------------------------------------------------------------------------------
+
+
+def test_two_shards_merge_to_the_one_process_weights_and_load_in_glm_generate(tmp_path, glm, capsys):
+    state = glm.state_dict()
+    shards = write_shards(tmp_path / "tp2", state, 2)
+    # The shards hold halves: the merge must reassemble them, not copy one.
+    assert torch.load(shards / "3" / "mp_rank_01_model_states.pt")["module"]["word_embeddings.weight"].size(0) == \
+        CONFIG.vocab_size // 2
+    merge_cli.main([str(shards), str(tmp_path / "merged")])
+    assert "2 tensor-parallel shards" in capsys.readouterr().out
+    out = tmp_path / "merged"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    assert leftovers(tmp_path) == []
+    from safetensors.torch import load_file
+
+    saved = weights.without_hf_prefix(load_file(out / "model.safetensors"))
+    assert saved.keys() == state.keys()
+    for name, tensor in state.items():
+        assert torch.equal(saved[name], tensor), name
+    loaded = GLMForConditionalGeneration.from_pretrained(out)
+    assert loaded.config.to_glm_config() == CONFIG.replace(init_method_std=CONFIG.init_method_std)
+    # glm-generate reads the merged directory and gives what it gives from the shards themselves.
+    merged_results = generate(out)
+    assert merged_results == generate(shards)
+    assert all(r["generated_ids"][0] for r in merged_results)
+
+
+def test_sharded_hf_directory_merges_to_one_file_in_bf16_with_its_vocabulary(tmp_path, glm, capsys):
+    vocab_words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "."]
+    source = tmp_path / "hf"
+    config = {"model_type": "glm", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+              "vocab_size": CONFIG.vocab_size, "max_sequence_length": 32}
+    weights.save_hf(glm.state_dict(), source, config, shards=3)
+    (source / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
+    (source / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GLMBertTokenizer"}))
+    merge_cli.main([str(source), str(tmp_path / "one"), "--dtype", "bf16"])
+    out = tmp_path / "one"
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = GLMForConditionalGeneration.from_pretrained(out)
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    for name, tensor in glm.state_dict().items():
+        assert torch.equal(loaded.glm.state_dict()[name], tensor.to(torch.bfloat16)), name
+    tokenizer = GLMTokenizer.from_pretrained(out)
+    assert tokenizer.vocab.name == "BertWordPieceTokenizer"
+    assert tokenizer.vocab.fingerprint == GLMTokenizer.from_pretrained(source).vocab.fingerprint
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "no such file or directory"),
+    ("not_empty", "exists and is not empty (pass --overwrite"),
+    ("same", "the output cannot be the input"),
+    ("lora_checkpoint", "holds a LoRA training checkpoint"),
+    ("wrong_positions", "the architecture in config.json needs [65, 64]"),
+    ("no_vocabulary", "no vocabulary file beside"),
+])
+def test_merge_bad_input_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, case, message):
+    state = glm.state_dict()
+    src, out = tmp_path / "src", tmp_path / "out"
+    argv = [str(src), str(out)]
+    if case == "not_empty":
+        write_shards(src, state, 2)
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case == "same":
+        write_shards(src, state, 1)
+        argv = [str(src), str(src)]
+    elif case == "lora_checkpoint":
+        lora = {"base_model.model." + k: v for k, v in state.items()}
+        lora_a = "base_model.model.transformer.layers.0.attention.query_key_value.lora_A.default.weight"
+        lora[lora_a] = torch.zeros(8, 64)
+        src.mkdir()
+        torch.save({"module": lora, "glm_config": CONFIG.to_dict()}, src / "mp_rank_00_model_states.pt")
+    elif case == "wrong_positions":
+        weights.save_hf(state, src, {"model_type": "glm", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                     "vocab_size": CONFIG.vocab_size, "max_sequence_length": 64})
+    elif case == "no_vocabulary":  # a model of another vocabulary, with only a tokenizer_config.json beside it
+        big = {k: torch.cat((v, v)) if k == "word_embeddings.weight" else v for k, v in state.items()}
+        weights.save_hf(big, src, {"model_type": "glm", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                   "vocab_size": 2 * CONFIG.vocab_size, "max_sequence_length": 32})
+        (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GLMChineseTokenizer"}))
+    err = exits_2(merge_cli.main, argv, capsys)
+    assert err.startswith("glm-merge: error:") and message in err, err
+    if case == "not_empty":
+        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    else:
+        assert not out.exists()
+    assert leftovers(tmp_path) == []
+
+
+# ---- glm-export --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, glm):
+    """A base model directory and a PEFT LoRA adapter for it with non-zero weights (as training leaves them)."""
+    import peft
+
+    root = tmp_path_factory.mktemp("finetuned")
+    weights.save_hf(glm.state_dict(), root / "base", {"model_type": "glm", **{
+        k: v for k, v in GLMForConditionalGeneration.config_class.from_glm_config(CONFIG).to_dict().items()
+        if k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_sequence_length")}})
+    GLMTokenizer(VOCAB).save_pretrained(root / "base")
+    base = GLMModel(CONFIG)
+    base.load_state_dict(glm.state_dict())
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query_key_value"]))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_" in name:
+                parameter.normal_(0, 0.2)
+    adapted.save_pretrained(str(root / "adapter"))
+    return root, adapted.eval()
+
+
+def test_lora_folds_in_as_peft_computes_and_loads_in_glm_generate(tmp_path, finetuned, glm, capsys):
+    root, adapted = finetuned
+    export_cli.main(["--model_name_or_path", str(root / "base"), "--lora_path", str(root / "adapter"),
+                     "--output_path", str(tmp_path / "served")])
+    out = tmp_path / "served"
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file()
+    loaded = GLMForConditionalGeneration.from_pretrained(out)
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    positions = torch.stack((torch.arange(9).expand(2, 9), torch.zeros(2, 9, dtype=torch.long)), dim=1)
+    sep = torch.tensor([4, 6])
+    with torch.no_grad():
+        (expected,) = adapted(ids, positions, sep)  # PEFT's model: base + B A x * alpha / r, unmerged
+        (base_logits,) = glm(ids, positions, sep)
+        got = loaded(ids, position_ids=positions, attention_mask=sep).logits
+    assert (expected - base_logits).abs().max() > 1e-2  # the adapter changes the model
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert generate(out)  # loads and generates
+
+
+def test_float16_export(tmp_path, finetuned):
+    root, _ = finetuned
+    export_cli.main(["--model_name_or_path", str(root / "base"), "--output_path", str(tmp_path / "half"),
+                     "--dtype", "float16"])
+    loaded = GLMForConditionalGeneration.from_pretrained(tmp_path / "half")
+    assert {p.dtype for p in loaded.parameters()} == {torch.float16}
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["dtype"] == "float16"
+    assert generate(tmp_path / "half", "--dtype", "fp16")
+
+
+def test_onnx_decode_step_generates_what_the_eager_model_generates(tmp_path, finetuned, capsys):
+    root, _ = finetuned
+    export_cli.main(["--model_name_or_path", str(root / "base"), "--lora_path", str(root / "adapter"),
+                     "--output_path", str(tmp_path / "served"), "--onnx"])
+    assert "checked with onnxruntime" in capsys.readouterr().out
+    out = tmp_path / "served"
+    model = GLMForConditionalGeneration.from_pretrained(out)
+    tokenizer = load_tokenizer(out)  # as glm-generate reads it
+    session = onnx_session(out / "onnx" / "decode_step.onnx")
+    # Greedy decoding driven by onnxruntime alone: the prompt forward (empty cache), then one token at a time.
+    new_tokens = 6
+    inputs = tokenizer.build_inputs_for_generation(PROMPTS, max_gen_length=new_tokens)
+    expected = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                              eos_token_id=None)[:, inputs["input_ids"].size(1):]
+    ids = inputs["input_ids"]
+    heads, head_dim = CONFIG.num_attention_heads, CONFIG.head_dim
+    keys = values = torch.zeros(CONFIG.num_layers, ids.size(0), heads, 0, head_dim)
+    past, generated = 0, []
+    step_ids = ids
+    for _ in range(new_tokens):
+        current = past + step_ids.size(1)
+        # the rows generate() feeds (prepare_inputs_for_generation): the generation mask, padding dropped
+        new = torch.ones(ids.size(0), current - ids.size(1), dtype=torch.long)
+        real = torch.cat((inputs["attention_mask"], new), 1)
+        mask = inputs["generation_attention_mask"][:, :, past:current, :current].bool() & real[:, None, None, :].bool()
+        logits, keys, values = run_onnx(session, (step_ids, inputs["position_ids"][:, :, past:current], mask,
+                                                  keys, values))
+        step_ids = logits[:, -1].argmax(-1, keepdim=True)
+        generated.append(step_ids)
+        past = current
+    assert torch.equal(torch.cat(generated, dim=1), expected)
+
+
+def test_onnx_and_torch_export_match_the_eager_step_at_other_sizes(tmp_path, glm):
+    from glm_port.convert.decode_step import export_onnx, export_program
+
+    config = GLMForConditionalGeneration.config_class.from_glm_config(CONFIG)
+    model = GLMForConditionalGeneration(config, glm=glm).eval()
+    onnx_path = export_onnx(model, tmp_path / "step.onnx")
+    program_path = export_program(model, tmp_path / "step.pt2")
+    session = onnx_session(onnx_path)
+    program = torch.export.load(str(program_path)).module()
+    step = DecodeStep(model).eval()
+    for batch, query, past in [(1, 1, 7), (3, 5, 0), (2, 1, 0)]:
+        inputs = example_inputs(model.config, batch=batch, query=query, past=past, seed=batch + query + past)
+        with torch.no_grad():
+            expected = step(*inputs)
+            exported = program(*inputs)
+        for got in (run_onnx(session, inputs), exported):
+            for g, e in zip(got, expected):
+                assert g.shape == e.shape
+                np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_export_bad_input(tmp_path, finetuned, capsys):
+    root, _ = finetuned
+    other = GLMModel(CONFIG.replace(hidden_size=32))
+    import peft
+
+    peft.get_peft_model(other, peft.LoraConfig(r=2, target_modules=["query_key_value"])).save_pretrained(
+        str(tmp_path / "other_adapter"))
+    cases = [
+        (["--lora_path", str(tmp_path / "other_adapter")], "was made for another base model"),
+        (["--lora_path", str(tmp_path)], "not a PEFT adapter"),
+    ]
+    for extra, message in cases:
+        err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "base"), "--output_path",
+                                        str(tmp_path / "out"), *extra], capsys)
+        assert err.startswith("glm-export: error:") and message in err, err
+        assert not (tmp_path / "out").exists()
+    err = exits_2(export_cli.main, ["--model_name_or_path", str(tmp_path / "absent"), "--output_path",
+                                    str(tmp_path / "out")], capsys)
+    assert "no such file or directory" in err
+    err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "adapter"), "--output_path",
+                                    str(tmp_path / "out")], capsys)
+    assert "is a PEFT LoRA adapter, not a model" in err and "--lora_path" in err
+    err = exits_2(merge_cli.main, [str(root / "adapter"), str(tmp_path / "out")], capsys)
+    assert "is a PEFT LoRA adapter, not a model" in err
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,177 @@
+"""glm-finetune end to end on the embedded task: full and LoRA, evaluation, outputs, bad input, TP 2 = 1 process."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from glm_port.finetune.run import main
+
+LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
+EVAL = re.compile(r"^ eval(?: at step (\d+))? \| rouge-1 +(\S+) \| rouge-2 +(\S+) \| rouge-l +(\S+) \|", re.MULTILINE)
+QUICK = ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "0", "--per_device_eval_batch_size", "8"]
+
+
+def _losses(text):
+    return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
+
+
+def _run(argv, capsys):
+    main(argv)
+    return capsys.readouterr().out
+
+
+def test_full_finetune_trains_evaluates_and_saves_a_loadable_model(tmp_path, capsys):
+    out = _run([*QUICK, "--output_dir", str(tmp_path), "--num_beams", "2"], capsys)
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
+    assert "trainable parameters: 462,592 of 462,592 (100.000%)" in out
+    results = json.loads((tmp_path / "eval_results.json").read_text())
+    assert set(results) == {"rouge-1", "rouge-2", "rouge-l", "bleu-4"}
+    predictions = [json.loads(line) for line in (tmp_path / "eval_predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 48 and {"source", "target", "prediction"} <= set(predictions[0])
+    from glm_port import GLMForConditionalGeneration
+
+    reloaded = GLMForConditionalGeneration.from_pretrained(tmp_path / "final")
+    assert reloaded.glm.config.num_layers == 2
+    # --do_eval alone on the saved model scores what the training run scored at its end.
+    again = _run(["--model_name_or_path", str(tmp_path / "final"), "--do_eval", "--eval_file",
+                  str(tmp_path / "toy_task" / "dev.json"), "--src_length", "12", "--tgt_length", "10",
+                  "--num_beams", "2", "--output_dir", str(tmp_path / "eval_only")], capsys)
+    assert json.loads((tmp_path / "eval_only" / "eval_results.json").read_text()) == results, again
+
+
+def test_lora_trains_adapters_only_and_saves_them_in_peft_format(tmp_path, capsys):
+    out = _run([*QUICK, "--lora", "--do_eval", "false", "--output_dir", str(tmp_path)], capsys)
+    share = float(re.search(r"trainable parameters: [\d,]+ of [\d,]+ \(([\d.]+)%\)", out)[1])
+    assert 0 < share < 10
+    adapter = tmp_path / "final"
+    assert json.loads((adapter / "adapter_config.json").read_text())["target_modules"] == ["query_key_value"]
+    assert not (adapter / "model.safetensors").exists()  # the adapter alone
+    # Applied onto the base it was made for it evaluates; onto another base it is one clear error.
+    base = tmp_path / "other_base"
+    from glm_port import GLMConfig, GLMForConditionalGeneration
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = get_tokenizer()
+    config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=2, hidden_size=64, num_attention_heads=4,
+                       max_sequence_length=64)
+    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(config)).save_pretrained(base)
+    GLMTokenizer(vocab).save_pretrained(base)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model_name_or_path", str(base), "--lora_path", str(adapter), "--do_eval", "--eval_file",
+              str(tmp_path / "toy_task" / "dev.json"), "--output_dir", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made for another base model: size mismatch" in err[0], err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--do_train"], "--do_train needs --train_file"),
+    (["--do_train", "--train_file", "missing.json"], "--train_file missing.json: no such file"),
+    (["--model_name_or_path", "nowhere", "--do_eval", "--eval_file", __file__], "nowhere: no such file or directory"),
+    (["--lora", "--lora_target_modules", "qkv", "--max_steps", "1"], "the model has no module named 'qkv'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_missing_field_names_file_line_and_field(tmp_path, capsys):
+    data = tmp_path / "train.json"
+    data.write_text('{"source": "a b", "target": "b a"}\n{"source": "c d"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main(["--do_train", "--train_file", str(data), "--output_dir", str(tmp_path / "out")])
+    assert f"{data}:2: sample lacks the field 'target'" in capsys.readouterr().err
+
+
+# ---- tensor parallel 2 logs the losses of one process ----------------------------------------------------
+
+TP_ARGV = ["--do_eval", "false", "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "3e-3"]
+
+
+def _rank_main(rank, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            main([*TP_ARGV, "--tensor_parallel_degree", "2", "--output_dir", str(Path(out_dir, "tp"))])
+    except BaseException:
+        out.write("FAILED\n" + traceback.format_exc())
+    Path(out_dir, f"rank{rank}.txt").write_text(out.getvalue())
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
+    assert not dist.is_initialized()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path)), nprocs=2, start_method="fork",
+                                 join=False)
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("2-rank glm-finetune did not finish in 240 s")
+    log = (tmp_path / "rank0.txt").read_text()
+    assert "FAILED" not in log and "FAILED" not in (tmp_path / "rank1.txt").read_text(), log
+    parallel = _losses(log)
+    single = _losses(_run([*TP_ARGV, "--output_dir", str(tmp_path / "one")], capsys))
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    # Each rank saved its shard in upstream's per-rank layout, with the config; loaded at tensor-parallel
+    # size 1 (the shards merged by Megatron's rules) it gives the one-process model's logits.
+    shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
+    assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    from glm_port import GLMForConditionalGeneration
+
+    merged = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "final").glm.eval()
+    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
+                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
+    """The family comes from the model: the embedded ChatGLM2 trains on ptuning/main.py's layout (the source
+    through build_prompt, loss on the answer and its </s>) and saves a directory its loader reads back."""
+    out = _run(["--model_name_or_path", "chatglm2-tiny", *QUICK, "--do_eval", "false", "--learning_rate", "1e-2",
+                "--output_dir", str(tmp_path)], capsys)
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
+    from glm_port.models.chatglm2.finetune import encode
+    from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer
+    from glm_port.finetune.datasets import Pair
+
+    assert load_pretrained(tmp_path / "final").config.model_type == "chatglm"
+    tokenizer = load_tokenizer(tmp_path / "final")
+    sample = encode(tokenizer, [Pair("红色连衣裙", "好看")], 64, 128)[0]
+    prompt = tokenizer.encode(tokenizer.build_prompt("红色连衣裙"))
+    answer = tokenizer.encode("好看", add_special_tokens=False)
+    assert sample.text.tolist() == prompt + answer + [tokenizer.eos_token_id]
+    counted = sample.target[sample.loss_mask == 1].tolist()
+    assert counted == answer + [tokenizer.eos_token_id]  # each counted position predicts the next token

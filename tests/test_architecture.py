@@ -1,0 +1,211 @@
+"""Import direction: layers import downward only (docs/architecture.md).
+
+Every ``import`` statement of the checked packages is read with ``ast``, function-local
+ones included (a lazy import is still a dependency). Three kinds of checks, all data:
+
+- ``FORBIDDEN``: a module under one prefix must not import anything under another
+  (``shim`` never imports ``glm_port``); ``allow`` carves out exceptions.
+- ``LAYERS``: within a package, an ordered list of layers (module prefixes); a module
+  may import its own layer and the layers before it, never a later one. Every module of
+  the package must fall in a layer, so a new module is placed on purpose.
+- ``CYCLE_FREE``: no import cycle among a package's modules.
+
+To add rules for another package, add entries to these tables (and its name to
+``CYCLE_FREE``); the tests below pick them up.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    importer: str  # a module prefix: "shim" covers shim and everything under it
+    imported: tuple[str, ...]  # prefixes it must not import
+    why: str
+    allow: tuple[str, ...] = ()  # prefixes exempted from `imported`
+
+
+FORBIDDEN = [
+    Forbidden("shim", ("glm_port", "migrate", "harness", "bench", "tests"), "shim is the bottom of the house"),
+    Forbidden("glm_port", ("migrate", "harness", "bench", "tests"), "glm_port builds on shim and libraries only"),
+    Forbidden(
+        "shim.ops", ("shim",), "ops import torch and other ops only (the process group is an argument)",
+        allow=("shim.ops",),
+    ),
+]
+
+# package -> its layers, lowest first; a module belongs to the layer with its longest matching prefix.
+LAYERS = {
+    "shim": [
+        ("shim.ops",),  # kernels: torch only
+        ("shim._device", "shim._forward"),  # the active device, namespace forwarding
+        # torch-shaped: torch's module of the same name plus shim's additions
+        ("shim.compat", "shim.cuda", "shim.optim", "shim.nn", "shim.distributed"),
+        # upstream surfaces with no torch counterpart, one module each
+        ("shim.recompute", "shim.checkpointing", "shim.mpu", "shim.deepspeed", "shim.global_tensor", "shim.sbp",
+         "shim.kernels", "shim.apex"),
+        ("shim.__init__",),  # `import shim as torch`: reaches everything, lazily
+    ],
+    "glm_port": [
+        ("glm_port.data", "glm_port.distributed"),  # vocabularies and corpora; ranks and groups
+        ("glm_port.training", "glm_port.checkpoint_io"),  # shared by every family: the loop, saving
+        ("glm_port.models",),  # the families (each folder: config, model, weights, tokenizer, bindings)
+        # the commands and what they share, on top of any family
+        ("glm_port.generation", "glm_port.generate", "glm_port.finetune", "glm_port.convert", "glm_port.chat",
+         "glm_port.pretrain_glm", "glm_port.arguments", "glm_port.__init__"),
+    ],
+}
+
+CYCLE_FREE = ["shim", "glm_port"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules(package: str) -> dict[str, Path]:
+    directory = ROOT / package.replace(".", "/")
+    return {module_name(p): p for p in sorted(directory.rglob("*.py"))} if directory.is_dir() else {}
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return name in modules and modules[name].name == "__init__.py"
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules ``name`` imports, anywhere in the file; ``from pkg import mod`` counts as ``pkg.mod``."""
+    found = set()
+    package = name if _is_package(name, known) else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known else base)
+    return found
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def all_modules() -> dict[str, Path]:
+    packages = {f.importer.split(".")[0] for f in FORBIDDEN} | set(LAYERS) | set(CYCLE_FREE)
+    return {name: path for package in sorted(packages) for name, path in package_modules(package).items()}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = all_modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def test_the_checked_packages_exist(graph):
+    assert "shim.ops.cross_entropy" in graph and "shim.distributed.layout" in graph
+
+
+@pytest.mark.parametrize("rule", FORBIDDEN, ids=lambda r: r.importer)
+def test_forbidden_imports(graph, rule):
+    bad = sorted(
+        f"{importer} imports {imported}"
+        for importer, targets in graph.items()
+        if _under(importer, rule.importer)
+        for imported in targets
+        if any(_under(imported, p) for p in rule.imported) and not any(_under(imported, a) for a in rule.allow)
+    )
+    assert not bad, f"{rule.why}:\n" + "\n".join(bad)
+
+
+def _layer_of(name: str, layers, is_package_root: bool) -> int | None:
+    key = f"{name}.__init__" if is_package_root else name
+    best = None
+    for index, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if _under(key, prefix) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+@pytest.mark.parametrize("package", list(LAYERS))
+def test_layers_import_downward(graph, package):
+    layers = LAYERS[package]
+    known = all_modules()
+    unplaced, upward = [], []
+    for importer, targets in graph.items():
+        if not _under(importer, package):
+            continue
+        own = _layer_of(importer, layers, importer == package)
+        if own is None:
+            unplaced.append(importer)
+            continue
+        for imported in targets:
+            if not _under(imported, package) or imported not in known:
+                continue
+            theirs = _layer_of(imported, layers, imported == package)
+            if theirs is not None and theirs > own:
+                upward.append(f"{importer} (layer {own}) imports {imported} (layer {theirs})")
+    assert not unplaced, f"modules in no layer of LAYERS[{package!r}]: {unplaced}"
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def find_cycle(graph: dict[str, set[str]], nodes: set[str]) -> list[str] | None:
+    """One import cycle among ``nodes`` (as a path that ends where it starts), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ()) & nodes):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(nodes):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("package", CYCLE_FREE)
+def test_no_import_cycles(graph, package):
+    nodes = {name for name in graph if _under(name, package)}
+    cycle = find_cycle(graph, nodes)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
+    """The parser itself: a hidden (function-local) import and a relative one are both edges."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("from .. import a\nfrom . import c\n")
+    (package / "sub" / "c.py").write_text("")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    known = package_modules("pkg")
+    edges = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert edges["pkg.a"] == {"pkg.sub.b"}
+    assert edges["pkg.sub.b"] == {"pkg.a", "pkg.sub.c"}
+    assert find_cycle(edges, set(edges)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
