@@ -267,10 +267,9 @@ def destroy_process_group(group=None) -> None:
     whole_world = group is None or group is _dist.GroupMember.WORLD
     destroyed = set(_dist.distributed_c10d._world.pg_map) if whole_world else {group}
     _dist.destroy_process_group(group)
-    if whole_world:
-        from shim.distributed.layout import reset_layout
-
-        reset_layout()  # its meshes name groups that no longer exist
+    layout = sys.modules.get("shim.distributed.layout")  # loaded once a layout may exist (layout imports us)
+    if whole_world and layout is not None:
+        layout.reset_layout()  # its meshes name groups that no longer exist
     _forget_in_device_meshes(destroyed)
 
 
