@@ -1,5 +1,6 @@
 """bench.peak_memory wraps a script unmodified, and bench.pretrain can read what it prints."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -92,4 +93,8 @@ def test_every_bench_is_a_module_of_the_bench_package(name):
     module = importlib.import_module(f"bench.{name}")
     assert callable(module.main)
     assert f"python -m bench.{name}" in module.__doc__
-    assert "sys.path.insert" not in (ROOT / "bench" / f"{name}.py").read_text()
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    top = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    edits = [call for node in top for call in ast.walk(node)
+             if isinstance(call, ast.Call) and ast.unparse(call.func).startswith("sys.path.")]
+    assert not edits, f"bench/{name}.py edits sys.path at module level"
