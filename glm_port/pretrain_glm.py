@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run = setup(args)
     except (CheckpointError, OSError, ValueError, ImportError) as error:
-        sys.exit(f"glm-pretrain: error: {error}")
+        print(f"glm-pretrain: error: {error}", file=sys.stderr)  # one line; exit 2 as for a bad flag
+        sys.exit(2)
     start = run.iteration
     if start >= args.train_iters:
         if run.env.is_main:
