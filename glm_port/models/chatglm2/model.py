@@ -118,6 +118,10 @@ class SelfAttention(nn.Module):
         self.query_key_value = nn.Linear1D(
             config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
         )
+        if config.multi_query_attention:  # the natural row blocks, each split over the ranks (LoRA's lora_B too)
+            self.query_key_value.output_sections = (config.num_attention_heads * self.head_dim,
+                                                    config.num_key_value_heads * self.head_dim,
+                                                    config.num_key_value_heads * self.head_dim)
         self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
                                  bias=config.add_bias_linear, parallel="row")
 
