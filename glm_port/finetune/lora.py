@@ -152,7 +152,7 @@ class TensorParallelLoraLinear(LoraLinear):
             if name not in self.lora_A:
                 continue
             lora_A, lora_B = self.lora_A[name], self.lora_B[name]
-            h = lora_A(self._cast_input_dtype(self.lora_dropout[name](x), lora_A.weight.dtype))
+            h = lora_A(self._cast_input_dtype(self._dropout(name, x), lora_A.weight.dtype))
             if self.split == "col":  # identity forward; backward: the ranks' gradients of A x summed
                 h = DTensor.from_local(h, self.mesh, [Replicate()], run_check=False).to_local(
                     grad_placements=[Partial()])
@@ -161,6 +161,14 @@ class TensorParallelLoraLinear(LoraLinear):
                     self.mesh, [Replicate()]).to_local()
             out = out + lora_B(h) * self.scaling[name]
         return out.to(dtype)
+
+    def _dropout(self, name, x):
+        dropout = self.lora_dropout[name]
+        if self.split != "row" or not isinstance(dropout, nn.Dropout) or not dropout.training:
+            return dropout(x)  # a whole input: the same mask on every rank (one seed), as in one process
+        # This rank's columns of the mask one process draws for the whole input (same random numbers).
+        whole = x.new_ones(*x.shape[:-1], x.shape[-1] * self.tp_size)
+        return x * dropout(whole).chunk(self.tp_size, dim=-1)[self.tp_rank]
 
     def get_delta_weight(self, adapter):
         if self.split:

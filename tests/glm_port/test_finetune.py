@@ -164,7 +164,7 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
 def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole_adapter(tmp_path, capsys):
     """LoRA on the split query_key_value (stride 3): TP 2 trains as one process does, and the adapter it saves
     is PEFT's whole adapter, which plain PEFT applies at tensor-parallel size 1."""
-    lora = ["--lora", "--lora_target_modules", "query_key_value,dense", "--lora_dropout", "0"]  # a column- and a row-split layer
+    lora = ["--lora", "--lora_target_modules", "query_key_value,dense"]  # a column- and a row-split layer
     parallel = _losses(_run_two_ranks(tmp_path, lora))
     single = _losses(_run([*TP_ARGV, *lora, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
