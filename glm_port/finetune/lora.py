@@ -70,7 +70,7 @@ class TensorParallelLoraLinear(LoraLinear):
         super().__init__(base_layer, adapter_name, config=config, **kwargs)
         if self.split:
             # A whole adapter loaded from disk (PEFT's format) is sliced to this rank's part.
-            self._register_load_state_dict_pre_hook(self._slice_loaded)
+            self.register_load_state_dict_pre_hook(TensorParallelLoraLinear._slice_loaded)
 
     def _get_in_out_features(self, module):
         return module.in_features, module.out_features  # the whole layer's (PEFT would read the local shard's)
@@ -116,7 +116,8 @@ class TensorParallelLoraLinear(LoraLinear):
                 layer.weight.model_parallel = True  # a per-rank shard (gradient clipping sums its norm)
                 layer.in_features, layer.out_features = part.shape[1], part.shape[0]
 
-    def _slice_loaded(self, module, state_dict, prefix, *args):
+    @staticmethod
+    def _slice_loaded(self, state_dict, prefix, *args):
         for key in list(state_dict):
             if not key.startswith(prefix) or not key.endswith(".weight"):
                 continue
@@ -124,8 +125,8 @@ class TensorParallelLoraLinear(LoraLinear):
             if kind is None:
                 continue
             adapter = key[len(prefix) + 7:-len(".weight")]
-            target = (self.lora_A if kind == "A" else self.lora_B).get(adapter)
-            if target is not None and state_dict[key].shape != target.weight.shape:
+            modules = self.lora_A if kind == "A" else self.lora_B
+            if adapter in modules and state_dict[key].shape != modules[adapter].weight.shape:
                 state_dict[key] = self._local(kind, state_dict[key])
 
     # ---- forward ---------------------------------------------------------------------------------------

@@ -106,28 +106,30 @@ def test_a_missing_field_names_file_line_and_field(tmp_path, capsys):
 TP_ARGV = ["--do_eval", "false", "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "3e-3"]
 
 
-def _rank_main(rank, port, out_dir, extra=()):
+def _rank_main(rank, port, out_dir, runs):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            main([*TP_ARGV, *extra, "--tensor_parallel_degree", "2", "--output_dir", str(Path(out_dir, "tp"))])
-    except BaseException:
-        out.write("FAILED\n" + traceback.format_exc())
-    Path(out_dir, f"rank{rank}.txt").write_text(out.getvalue())
+    for index, argv in enumerate(runs):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                main([*argv, "--tensor_parallel_degree", "2"])
+        except BaseException:
+            out.write("FAILED\n" + traceback.format_exc())
+        Path(out_dir, f"rank{rank}_{index}.txt").write_text(out.getvalue())
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def _run_two_ranks(tmp_path, extra=()):
-    """glm-finetune on 2 forked ranks (gloo, tensor parallel 2); rank 0's log."""
+def _run_two_ranks(tmp_path, *runs):
+    """glm-finetune on 2 forked ranks (gloo, tensor parallel 2), once per argv of ``runs``; rank 0's logs."""
     assert not dist.is_initialized()
+    runs = runs or ([*TP_ARGV, "--output_dir", str(tmp_path / "tp")],)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(extra)), nprocs=2,
+    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(map(tuple, runs))), nprocs=2,
                                  start_method="fork", join=False)
     deadline = time.monotonic() + 240
     while not context.join(timeout=max(1.0, deadline - time.monotonic())):
@@ -135,13 +137,16 @@ def _run_two_ranks(tmp_path, extra=()):
             for process in context.processes:
                 process.kill()
             pytest.fail("2-rank glm-finetune did not finish in 240 s")
-    log = (tmp_path / "rank0.txt").read_text()
-    assert "FAILED" not in log and "FAILED" not in (tmp_path / "rank1.txt").read_text(), log
-    return log
+    logs = []
+    for index in range(len(runs)):
+        log = (tmp_path / f"rank0_{index}.txt").read_text()
+        assert "FAILED" not in log and "FAILED" not in (tmp_path / f"rank1_{index}.txt").read_text(), log
+        logs.append(log)
+    return logs
 
 
 def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
-    parallel = _losses(_run_two_ranks(tmp_path))
+    parallel = _losses(_run_two_ranks(tmp_path)[0])
     single = _losses(_run([*TP_ARGV, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
@@ -165,11 +170,18 @@ def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole
     """LoRA on the split query_key_value (stride 3): TP 2 trains as one process does, and the adapter it saves
     is PEFT's whole adapter, which plain PEFT applies at tensor-parallel size 1."""
     lora = ["--lora", "--lora_target_modules", "query_key_value,dense"]  # a column- and a row-split layer
-    parallel = _losses(_run_two_ranks(tmp_path, lora))
+    # Then the whole adapter saved at TP 2 is loaded at TP 2 (sliced) and at TP 1: the same first loss.
+    again = [*TP_ARGV, "--max_steps", "1", "--lora_path", str(tmp_path / "tp" / "final")]
+    parallel, parallel_again = map(_losses, _run_two_ranks(
+        tmp_path, [*TP_ARGV, *lora, "--output_dir", str(tmp_path / "tp")],
+        [*again, "--output_dir", str(tmp_path / "tp_again")]))
     single = _losses(_run([*TP_ARGV, *lora, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
         assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    single_again = _losses(_run([*again, "--output_dir", str(tmp_path / "one_again")], capsys))
+    assert parallel_again[1] == pytest.approx(single_again[1], rel=1e-4)
+    assert parallel_again[1] < parallel[1] - 0.05  # the trained adapter was applied (not a fresh one)
     import peft
     from safetensors.torch import load_file
 
