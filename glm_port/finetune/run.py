@@ -117,6 +117,7 @@ def _apply_lora(args, glm):
     missing = [m for m in args.lora_target_modules if m not in names]
     if missing:
         raise FinetuneError(f"--lora_target_modules: the model has no module named {missing[0]!r}")
+    torch.manual_seed(args.seed)  # new adapters from --seed alone, however many numbers the loader drew
     config = lora.lora_config(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                               target_modules=args.lora_target_modules, bias="none")
     return peft.get_peft_model(glm, config)

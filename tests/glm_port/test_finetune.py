@@ -214,6 +214,32 @@ def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole
         torch.testing.assert_close(tp_base(ids, positions, torch.tensor([4, 4]))[0], logits(None))
 
 
+def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(tmp_path, capsys):
+    """ChatGLM2's query_key_value is [Q heads | K groups | V groups], each split over the ranks, and
+    dense_h_to_4h [gate | up] (stride 2): TP 2 trains as one process does and saves the same whole adapter."""
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")  # each rank loads its slices of it
+    argv = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--lora", "--lora_target_modules",
+            "query_key_value,dense_h_to_4h,dense_4h_to_h", "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
+            "--per_device_train_batch_size", "32"]
+    parallel = _losses(_run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")])[0])
+    single = _losses(_run([*argv, "--output_dir", str(tmp_path / "one")], capsys))
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    from safetensors.torch import load_file
+
+    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert tp_adapter.keys() == one_adapter.keys()
+    for key, value in one_adapter.items():  # whole, in THUDM's row order
+        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
+
+
 def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
     """The family comes from the model: the embedded ChatGLM2 trains on ptuning/main.py's layout (the source
     through build_prompt, loss on the answer and its </s>) and saves a directory its loader reads back."""
