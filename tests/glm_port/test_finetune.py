@@ -223,15 +223,19 @@ def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(
 
     (tmp_path / "tokenizer").mkdir()
     save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")  # each rank loads its slices of it
-    argv = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--lora", "--lora_target_modules",
-            "query_key_value,dense_h_to_4h,dense_4h_to_h", "--do_train", "--train_file",
+    full = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
             str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
             "--per_device_train_batch_size", "32"]
-    parallel = _losses(_run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")])[0])
-    single = _losses(_run([*argv, "--output_dir", str(tmp_path / "one")], capsys))
-    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-    for step, loss in single.items():
-        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    argv = [*full, "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
+    # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer).
+    logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
+                          [*full, "--output_dir", str(tmp_path / "tp_full")])
+    for log, run in zip(logs, (argv, full)):
+        parallel = _losses(log)
+        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
+        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
     from safetensors.torch import load_file
 
     tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))

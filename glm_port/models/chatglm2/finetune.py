@@ -146,6 +146,8 @@ def logits(model, batch: dict, counted):
     from shim import mpu
 
     rank = dist.current_layout().tensor_parallel_rank
+    if weight.requires_grad:  # the whole (replicated) output layer: each rank's rows' gradients summed
+        weight = mpu.copy_to_model_parallel_region(weight)
     return F.linear(mpu.copy_to_model_parallel_region(hidden), weight.chunk(size, dim=0)[rank])
 
 
