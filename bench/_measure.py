@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]  # where `bench` is importable from, for the workers
 
 
 def peak_rss_bytes() -> int:
@@ -80,20 +83,23 @@ def saved_for_backward_mib(forward) -> float:
     return sum(saved.values()) / MIB
 
 
-def run_worker(script: str, variant: str, argv: list[str]) -> dict:
-    """Run ``script --worker VARIANT argv...`` in a fresh interpreter; return its JSON result."""
+def run_worker(module: str, variant: str, argv: list[str]) -> dict:
+    """Run ``python -m module --worker VARIANT argv...`` in a fresh interpreter (a bench passes its own
+    ``__spec__.name``); return its JSON result."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run(
-        [sys.executable, script, "--worker", variant, *argv], capture_output=True, text=True, check=False
+        [sys.executable, "-m", module, "--worker", variant, *argv], capture_output=True, text=True, check=False,
+        env=env,
     )
     if done.returncode != 0:
         raise SystemExit(f"{variant}: worker failed (exit {done.returncode}):\n{done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_agreeing_variants(script: str, variants, argv: list[str]) -> tuple[list[dict], float]:
+def run_agreeing_variants(module: str, variants, argv: list[str]) -> tuple[list[dict], float]:
     """A fresh worker per variant (``run_worker``); the rows and their common loss, refusing variants
     whose losses (the workers' checksums) disagree."""
-    rows = [{"variant": v, **run_worker(script, v, argv)} for v in tqdm(variants, desc="variants", leave=False)]
+    rows = [{"variant": v, **run_worker(module, v, argv)} for v in tqdm(variants, desc="variants", leave=False)]
     losses = [r["checksum"] for r in rows]
     if not all(math.isclose(loss, losses[0], rel_tol=1e-3) for loss in losses):
         raise SystemExit(f"variants disagree on the loss: {dict(zip(variants, losses))}")

@@ -11,9 +11,9 @@
 
 Each variant runs in a fresh process (see _measure.py); speedups are against ``sdpa``.
 
-    python bench/attention.py                                      # GLM base layer: b8, 8 heads, s256, d32
-    python bench/attention.py --batch 4 --heads 16 --seq 512 --head-dim 64   # GLM-Large layer
-    python bench/attention.py --block-elements 65536 524288 4194304          # the fused kernel's block size
+    python -m bench.attention                                      # GLM base layer: b8, 8 heads, s256, d32
+    python -m bench.attention --batch 4 --heads 16 --seq 512 --head-dim 64   # GLM-Large layer
+    python -m bench.attention --block-elements 65536 524288 4194304          # the fused kernel's block size
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from bench._measure import measure_step, print_table, run_worker, saved_for_backward_mib
 from tqdm import tqdm
 
 ATTENTION = ("sdpa-nodrop", "explicit", "sdpa", "fused")
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     jobs += [("fused" if len(args.block_elements) == 1 else f"fused-{b}", "fused", [f"--block={b}"])
              for b in args.block_elements]
     jobs += [(v, v, []) for v in MASKS]
-    rows = [{"variant": label, **run_worker(__file__, variant, forwarded + extra)}
+    rows = [{"variant": label, **run_worker(__spec__.name, variant, forwarded + extra)}
             for label, variant, extra in tqdm(jobs, desc="variants", leave=False)]
     print(f"\nattention [b {args.batch}, heads {args.heads}, seq {args.seq}, d {args.head_dim}] fp32, "
           f"dropout {args.p}, {args.threads} thread(s), forward+backward")

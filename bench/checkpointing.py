@@ -1,7 +1,7 @@
 """What activation checkpointing saves and costs in glm-pretrain's training step.
 
-    python bench/checkpointing.py                                        # CPU: base, fp32
-    python bench/checkpointing.py --shapes large --bf16 --batch-size 16  # on a GPU
+    python -m bench.checkpointing                                        # CPU: base, fp32
+    python -m bench.checkpointing --shapes large --bf16 --batch-size 16  # on a GPU
 
 Three policies, glm-pretrain's flags in brackets: **none**; **full** (``--checkpoint-activations``):
 each layer keeps only its input and recomputes everything in backward; **selective**
@@ -22,16 +22,12 @@ import argparse
 import gc
 import itertools
 import statistics
-import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
 import shim as torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain import SHAPES, add_vocab_argument  # noqa: E402
-from pretrain_levers import STEPS, prepare, shape_setup, step, step_setup, time_levers  # noqa: E402
+from bench.pretrain import SHAPES, add_data_arguments, resolve_data
+from bench.pretrain_levers import STEPS, prepare, shape_setup, step, step_setup, time_levers
 
 POLICIES = {
     "none": {},
@@ -72,8 +68,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating repetitions (default 1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the GPU configuration)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1)")
-    add_vocab_argument(parser)
+    add_data_arguments(parser)
     args = parser.parse_args(argv)
+    resolve_data(parser, args)
 
     device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:

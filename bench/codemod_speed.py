@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_SRC = Path(__file__).resolve().parents[1].parent / "upstream"
+SRC_ENV = "GLM_UPSTREAM"  # the tests' name for a THUDM/GLM checkout
 PACONVERT_LINES_PER_S = 2000  # PaConvert's documented conversion rate (PyTorch -> Paddle)
 
 
@@ -57,12 +57,15 @@ def time_libcst(files: list[Path], with_names: bool) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", nargs="?", type=Path, default=DEFAULT_SRC, help=f"tree to migrate (default {DEFAULT_SRC})")
+    p.add_argument("src", nargs="?", type=Path, default=os.environ.get(SRC_ENV) or None,
+                   help=f"tree to migrate, e.g. a THUDM/GLM checkout (default: ${SRC_ENV})")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", action="store_true", help="also time libcst-only parsing and name resolution")
     args = p.parse_args()
+    if args.src is None:
+        p.error(f"give the tree to migrate (SRC), or set {SRC_ENV}=/path/to/GLM")
     if not args.src.is_dir():
-        sys.exit(f"bench/codemod_speed.py: no source tree at {args.src}")
+        p.error(f"no source tree at {args.src}")
     files = sorted(args.src.rglob("*.py"))
     lines = sum(len(f.read_bytes().splitlines()) for f in files)
     load = os.getloadavg()[0]

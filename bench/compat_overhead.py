@@ -5,7 +5,7 @@ rewrites ``device=`` (how ``torch.set_default_device`` works) would instead sit 
 torch call. This times a few calls (small tensors, so the Python overhead shows) three ways: plain
 torch, under ``shim.compat.install()``, and under such a mode.
 
-    python bench/compat_overhead.py [--threads 1] [--rounds 3]
+    python -m bench.compat_overhead [--threads 1] [--rounds 3]
 """
 
 from __future__ import annotations

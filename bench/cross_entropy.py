@@ -12,8 +12,8 @@ them as they are. "extra peak" is measured after the inputs exist, so it include
 logits' gradient, which every variant must produce; "saved MiB" is what the forward keeps
 alive for backward, inputs included.
 
-    python bench/cross_entropy.py                       # N=4096, V=50304, fp32
-    python bench/cross_entropy.py --dtype bfloat16 --repeats 3
+    python -m bench.cross_entropy                       # N=4096, V=50304, fp32
+    python -m bench.cross_entropy --dtype bfloat16 --repeats 3
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import json
 
 
-from _measure import measure_step, print_table, run_agreeing_variants, saved_for_backward_mib
+from bench._measure import measure_step, print_table, run_agreeing_variants, saved_for_backward_mib
 
 VARIANTS = ("mpu", "torch", "shim")
 
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
         return
 
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
-    rows, loss = run_agreeing_variants(__file__, VARIANTS, forwarded)
+    rows, loss = run_agreeing_variants(__spec__.name, VARIANTS, forwarded)
     print(f"N={args.rows} V={args.vocab} {args.dtype}, forward+backward, loss {loss:.4f}")
     print_table(rows, reference="mpu")
 

@@ -3,8 +3,8 @@
 Each line gives wall-clock rates and the CPU time this process used, which is the steadier number on a
 shared machine.
 
-    python bench/data.py                                  # embedded corpus, default tokenizer
-    python bench/data.py --seq-length 512 --tokenizer-type GPT2BPETokenizer --tokenizer-path ../shared/vocab
+    python -m bench.data                                  # embedded corpus, default tokenizer
+    python -m bench.data --seq-length 512 --tokenizer-type GPT2BPETokenizer --tokenizer-path ../shared/vocab
 """
 
 from __future__ import annotations

@@ -31,14 +31,12 @@ import io
 import json
 import re
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker  # noqa: E402
+from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker
 
 
 @dataclass(frozen=True)
@@ -233,10 +231,10 @@ def main(argv=None) -> None:
 
     from tqdm import tqdm
 
-    script = str(Path(__file__).resolve())
+    module = __spec__.name  # the workers run as `python -m bench.finetune --worker ...`
     jobs = [f"speed={s}:{v}" for s in args.shapes for v in args.variants]
     jobs += [] if args.no_quality else ["quality=full", "quality=lora"]
-    results = [run_worker(script, job, _worker_argv(args)) for job in tqdm(jobs, desc="bench.finetune", leave=False)]
+    results = [run_worker(module, job, _worker_argv(args)) for job in tqdm(jobs, desc="bench.finetune", leave=False)]
     speed = [r for r in results if "shape" in r]
     quality = [r for r in results if "rouge_l" in r]
     precision = "bf16 autocast" if args.bf16 else "fp32"

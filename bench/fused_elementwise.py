@@ -11,7 +11,7 @@ Each variant runs in a fresh process (see _measure.py for how memory is measured
 peak" includes the input gradients every variant must produce; "saved MiB" is what the
 forward keeps alive for backward, inputs included (held per layer until backward).
 
-    python bench/fused_elementwise.py                    # tokens 8192 (16 x 512), hidden 1024
+    python -m bench.fused_elementwise                    # tokens 8192 (16 x 512), hidden 1024
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 
 from tqdm import tqdm
 
-from _measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from bench._measure import measure_step, print_table, run_worker, saved_for_backward_mib
 
 VARIANTS = ("gelu-composed", "gelu-fused", "dropout-composed", "dropout-fused")
 
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
 
     forwarded = ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--p", str(args.p)]
     forwarded += ["--repeats", str(args.repeats)]
-    rows = [{"variant": v, **run_worker(__file__, v, forwarded)} for v in tqdm(VARIANTS, desc="variants", leave=False)]
+    rows = [{"variant": v, **run_worker(__spec__.name, v, forwarded)} for v in tqdm(VARIANTS, desc="variants", leave=False)]
     for op, shape in (("gelu", f"[{args.tokens}, {4 * args.hidden}]"), ("dropout", f"[{args.tokens}, {args.hidden}]")):
         print(f"\n{op} on {shape} fp32, forward+backward")
         print_table([r for r in rows if r["variant"].startswith(op)], reference=f"{op}-composed")

@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers run this file as a script
 
 from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker
 
-SCRIPT = os.path.abspath(__file__)
+SCRIPT = __spec__.name if __spec__ is not None else "bench.generate"  # workers: python -m bench.generate
 
 
 def parse(argv=None):

@@ -4,7 +4,7 @@ shim.optim.FusedAdam passes ``fused=True`` where torch has a fused kernel for ev
 shows what that buys over torch's default (foreach) on the parameter set of a GLM-shaped
 transformer (per layer: QKV, attention dense, h->4h, 4h->h weights and biases, two layer norms).
 
-    python bench/optim_fused.py [--hidden 512] [--layers 4] [--threads 2]
+    python -m bench.optim_fused [--hidden 512] [--layers 4] [--threads 2]
 """
 
 from __future__ import annotations

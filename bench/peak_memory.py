@@ -1,7 +1,7 @@
 """Run a Python script as ``__main__`` and print its peak memory when it exits.
 
-    python bench/peak_memory.py SCRIPT [ARGS...]
-    python bench/peak_memory.py -m MODULE [ARGS...]
+    python -m bench.peak_memory SCRIPT [ARGS...]
+    python -m bench.peak_memory -m MODULE [ARGS...]
 
 The last line of output is ``peak memory (MiB): rss R | cuda C``: R is the process's peak resident
 set (``ru_maxrss``), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
@@ -28,7 +28,7 @@ def report() -> None:
 
 def main() -> None:
     if len(sys.argv) < 2 or (sys.argv[1] == "-m" and len(sys.argv) < 3):
-        sys.exit("usage: python bench/peak_memory.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+        sys.exit("usage: python -m bench.peak_memory SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     atexit.register(report)
     if sys.argv[1] == "-m":
         module = sys.argv[2]

@@ -1,13 +1,15 @@
 """GLM pretraining speed, side by side: the original upstream under glm-mock, the migrated upstream, glm_port.
 
-    python bench/pretrain.py                                   # glm_port alone, CPU shapes tiny and base
-    python bench/pretrain.py --upstream /path/to/GLM           # all three, CPU shapes tiny and base
-    python bench/pretrain.py --upstream /path/to/GLM --shapes large --precisions fp32 half   # GPU: GLM-Large
+    python -m bench.pretrain                                   # glm_port alone, CPU shapes tiny and base
+    python -m bench.pretrain --upstream /path/to/GLM           # all three, CPU shapes tiny and base
+    python -m bench.pretrain --upstream /path/to/GLM --shapes large --precisions fp32 half   # GPU: GLM-Large
 
 Every run is a fresh process training the same GLM with the same flags for ``--iters`` iterations:
 (a) upstream's ``pretrain_glm.py`` unmodified under ``glm-mock``; (b) the tree ``glm-migrate`` makes
 of it, with no mock; (c) ``glm-pretrain``. All three read upstream's ``--train-data test`` corpus
-(/root/data/test.json) with the BERT WordPiece vocabulary (30522 tokens, padded to 30592) and print
+(where the checkout's ``TestDataset.PATH`` says; without ``--upstream``, the same corpus written into
+``--workdir``, or ``--corpus``) with the BERT WordPiece vocabulary (``--vocab`` or ``$GLM_VOCAB``, 30522
+tokens, padded to 30592) and print
 upstream's ``elapsed time per iteration (ms)`` line, which is parsed; the figure per run is the median
 after ``--warmup`` iterations. Peak memory is the child's ``ru_maxrss`` on CPU and
 ``torch.cuda.max_memory_allocated`` on a GPU (bench/peak_memory.py wraps each run). With ``--rounds``
@@ -38,8 +40,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import harness  # upstream's corpus, vocabulary, flags and environments
 import shim as torch
-from migrate.mock import selfcheck  # upstream's corpus, vocabulary and flags
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
@@ -151,15 +153,16 @@ class Bench:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.trees: dict[str, Path] = {}
         if args.upstream is not None:
-            from migrate import verify  # the e2e check's runner: a runnable copy and its migration
+            from harness import verify  # the e2e check's runner: a runnable copy and its migration
 
             self.trees["original"], self.trees["migrated"] = verify.prepare(
                 args.upstream.resolve(), self.workdir, args.vocab
             )
-            self.envs = {"original": selfcheck._mock_env(""), "migrated": verify.ported_env()}
-        else:  # glm_port alone still reads upstream's corpus, written the way the selfcheck writes it
-            selfcheck.ensure_corpus(args.vocab)
-        self.corpus, self.vocab = selfcheck.CORPUS, args.vocab
+            self.envs = {"original": harness.mock_env(""), "migrated": harness.ported_env()}
+            self.corpus = harness.corpus_path(self.trees["original"])  # where upstream reads it
+        else:  # glm_port alone still reads upstream's corpus, written the way the harness writes it
+            self.corpus = corpus_for(args, self.workdir)
+        self.vocab = args.vocab
 
     def runners(self) -> list[str]:
         return [r for r in RUNNERS if r == "glm_port" or r in self.trees]
@@ -175,11 +178,11 @@ class Bench:
             env = {**os.environ, "GLM_MOCK_DISABLE": "1", **threads}
             return [sys.executable, str(PEAK_MEMORY), "-m", "glm_port.pretrain_glm", *flags], ROOT, env
         # Upstream's own flags first; the shared ones after override its sizes (argparse keeps the last).
-        flags = [*selfcheck.PRETRAIN_FLAGS, *flags, *(["--fp16"] if case.precision == "half" else [])]
+        flags = [*harness.PRETRAIN_FLAGS, *flags, *(["--fp16"] if case.precision == "half" else [])]
         # The selfcheck's gloo would carry upstream's DDP all-reduce through host memory on a GPU.
         flags += ["--distributed-backend", "nccl"] if self.cuda else []
         env = {**self.envs[runner], "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(selfcheck.free_port()), **threads}  # fmt: skip
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(harness.free_port()), **threads}  # fmt: skip
         return [sys.executable, str(PEAK_MEMORY), "pretrain_glm.py", *flags], self.trees[runner], env
 
     def run(self, runner: str, case: Case, round_: int) -> Run:
@@ -233,16 +236,31 @@ def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
     return "\n".join(lines)
 
 
-def add_vocab_argument(parser: argparse.ArgumentParser) -> None:
-    """``--vocab``: BERT's vocabulary file, checked to exist (the default too)."""
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--vocab`` and ``--corpus``, checked by :func:`resolve_data` after parsing."""
+    parser.add_argument("--vocab", type=Path, metavar="PATH",
+                        help=f"BERT's {harness.VOCAB_NAME}, or a directory holding it (default: ${harness.VOCAB_ENV}; "
+                        "with --upstream, also the checkout's own)")
+    parser.add_argument("--corpus", type=Path, metavar="PATH",
+                        help="JSON lines {\"prompt\", \"text\"} for glm_port (default: upstream's --train-data test "
+                        "corpus, written from the vocabulary as the harness writes it)")
 
-    def vocab_file(text: str) -> Path:
-        if not Path(text).is_file():
-            raise argparse.ArgumentTypeError(f"{text}: no such file (BERT's {selfcheck.VOCAB_NAME})")
-        return Path(text)
 
-    parser.add_argument("--vocab", type=vocab_file, default=str(selfcheck.DEFAULT_VOCAB),
-                        help=f"BERT's {selfcheck.VOCAB_NAME} (default: {selfcheck.DEFAULT_VOCAB})")
+def resolve_data(parser: argparse.ArgumentParser, args, checkout: Path | None = None) -> None:
+    """``args.vocab`` becomes the vocabulary file (``--vocab``, ``$GLM_VOCAB`` or the checkout's); a
+    one-line usage error (exit 2) when there is none, or when ``--corpus`` names no file."""
+    try:
+        args.vocab = harness.find_vocab(args.vocab, checkout)
+    except harness.HarnessError as exc:
+        parser.error(str(exc))
+    if args.corpus is not None and not args.corpus.is_file():
+        parser.error(f"--corpus {args.corpus}: no such file")
+
+
+def corpus_for(args, directory: Path) -> Path:
+    """``--corpus``, else upstream's test corpus written into ``directory`` (seeded: the same bytes
+    the harness writes where upstream reads it)."""
+    return args.corpus or harness.ensure_corpus(args.vocab, Path(directory) / "test.json")
 
 
 def parse_args(argv=None):
@@ -255,7 +273,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--upstream", type=Path, metavar="GLM",
                         help="THUDM/GLM checkout (copied, never modified); without it only glm_port runs")
-    add_vocab_argument(parser)
+    add_data_arguments(parser)
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES),
                         help="model shapes (default: tiny base on CPU, large on a GPU)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", help="override the shapes' batch sizes")
@@ -280,6 +298,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
+    if args.upstream is not None and args.corpus is not None:
+        parser.error("--corpus cannot go with --upstream: upstream reads its own --train-data test corpus")
+    resolve_data(parser, args, args.upstream)
     cuda = torch.cuda.is_available()
     args.iters = args.iters if args.iters is not None else 40 if cuda else 8
     args.warmup = args.warmup if args.warmup is not None else 20 if cuda else 2

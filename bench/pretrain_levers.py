@@ -1,13 +1,14 @@
 """What each speed lever buys glm_port's training step, added one at a time from upstream's math.
 
-    python bench/pretrain_levers.py                 # CPU shapes tiny and base, fp32
-    python bench/pretrain_levers.py --shapes large --bf16 --batch-size 8    # on a GPU
-    python bench/pretrain_levers.py --shapes base --profile                 # and where the time goes now
+    python -m bench.pretrain_levers                 # CPU shapes tiny and base, fp32
+    python -m bench.pretrain_levers --shapes large --bf16 --batch-size 8    # on a GPU
+    python -m bench.pretrain_levers --shapes base --profile                 # and where the time goes now
 
 Row 0 is glm_port computing what upstream computes, the way upstream computes it: explicit masked
 attention, bias + GELU and bias + dropout + residual as separate ops, ``F.cross_entropy`` on fp32
 logits of every position, foreach AdamW. Each later row adds one lever to the row above. Steps run in
-this process on real blank-infilling batches (upstream's test corpus, BERT WordPiece, bert_prob 1.0,
+this process on real blank-infilling batches (upstream's test corpus or ``--corpus``, BERT WordPiece
+from ``--vocab`` or ``$GLM_VOCAB``, bert_prob 1.0,
 dropout 0.1), the same batches for every row; the figure is the median step time after ``--warmup``.
 Rows alternate over ``--rounds`` and the median over rounds is reported, for loaded machines.
 """
@@ -18,10 +19,9 @@ import argparse
 import contextlib
 import itertools
 import statistics
-import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -29,10 +29,7 @@ import shim as torch
 import shim.nn.functional as F
 from glm_port import GLMConfig, GLMModel, data
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss
-from migrate.mock import selfcheck
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain import SHAPES, add_vocab_argument  # noqa: E402
+from bench.pretrain import SHAPES, add_data_arguments, corpus_for, resolve_data
 
 
 @dataclass(frozen=True)
@@ -114,20 +111,21 @@ def prepare(config, levers: Levers, device, dtype, compile_layers: bool = False)
     return model, optimizer, Precision(device, dtype)
 
 
-def real_batches(tokenizer, shape, batch_size: int, count: int, device) -> list[dict]:
-    """The first ``count`` blank-infilling batches of upstream's test corpus, as glm-pretrain draws them."""
-    stream = data.build_train_batches([selfcheck.CORPUS], tokenizer, seq_length=shape.seq, batch_size=batch_size,
+def real_batches(corpus, tokenizer, shape, batch_size: int, count: int, device) -> list[dict]:
+    """The first ``count`` blank-infilling batches of ``corpus``, as glm-pretrain draws them."""
+    stream = data.build_train_batches([corpus], tokenizer, seq_length=shape.seq, batch_size=batch_size,
                                       seed=1234, masker_kwargs={"bert_prob": 1.0})  # fmt: skip
     return [{k: v.to(device) for k, v in next(stream).items()} for _ in range(count)]
 
 
 def step_setup(args):
-    """(device, dtype, tokenizer) from the common flags (--threads, --bf16, --vocab); prints the run's line."""
+    """(device, dtype, tokenizer) from the common flags (--threads, --bf16, --vocab, --corpus: see
+    bench.pretrain.resolve_data); prints the run's line. ``args.corpus`` is written if not given."""
     device = torch.device()
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    selfcheck.ensure_corpus(args.vocab)
+    args.corpus = corpus_for(args, tempfile.mkdtemp(prefix="glm-bench-corpus-"))
     tokenizer = data.get_tokenizer("BertWordPieceTokenizer", str(args.vocab))
     print(f"{device}, {dtype}, {torch.get_num_threads()} thread(s); median of {args.steps} steps after "
           f"{args.warmup}, {args.rounds} round(s)")  # fmt: skip
@@ -140,7 +138,7 @@ def shape_setup(name: str, args, tokenizer, device):
     batch_size = args.batch_size or shape.batches[0]
     config = GLMConfig(vocab_size=tokenizer.vocab_size, num_layers=shape.layers, hidden_size=shape.hidden,
                        num_attention_heads=shape.heads, max_sequence_length=shape.seq)  # fmt: skip
-    return shape, batch_size, config, real_batches(tokenizer, shape, batch_size, args.warmup + args.steps, device)
+    return shape, batch_size, config, real_batches(args.corpus, tokenizer, shape, batch_size, args.warmup + args.steps, device)
 
 
 def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warmup: int, profiler=None,
@@ -176,12 +174,13 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as bench/pretrain.py)")
     parser.add_argument("--rows", type=int, nargs="+", choices=range(len(STEPS)), default=list(range(len(STEPS))),
                         help="the rows to time (default all); ratios are against the first one")
-    add_vocab_argument(parser)
+    add_data_arguments(parser)
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each transformer layer in every row; prints the first step's time too")
     parser.add_argument("--profile", action="store_true",
                         help="then profile glm-pretrain's step (the last row) with torch.profiler: top ops")
     args = parser.parse_args(argv)
+    resolve_data(parser, args)
 
     device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:

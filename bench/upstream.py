@@ -1,6 +1,6 @@
 """Time per iteration: THUDM/GLM's pretrain_glm.py, original (under glm-mock) vs migrated (no mock).
 
-    python bench/upstream.py /path/to/GLM [--mode 1] [--iters 30] [--repeats 3]
+    python -m bench.upstream /path/to/GLM [--mode 1] [--iters 30] [--repeats 3]
 
 Same tiny flags as ``glm-migrate --verify``. The two trees run in turns (original, migrated,
 original, ...) so that load from other processes falls on both alike; each run's time is the
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from migrate import verify
-from migrate.mock import selfcheck
+import harness
+from harness import verify
 
 
 def main() -> None:
@@ -28,14 +28,21 @@ def main() -> None:
     p.add_argument("--mode", choices=list(verify.MODES), default="1", help="as in glm-migrate --verify")
     p.add_argument("--iters", type=int, default=30, help="iterations per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per side")
+    p.add_argument("--vocab", type=Path, help=f"BERT's {harness.VOCAB_NAME} (or a directory holding it) if the "
+                   f"checkout lacks one (default: ${harness.VOCAB_ENV})")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary one)")
     args = p.parse_args()
+    if not (args.upstream / "pretrain_glm.py").is_file():
+        p.error(f"{args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
 
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="glm-bench-upstream-"))).resolve()
-    original, ported = verify.prepare(args.upstream.resolve(), workdir, selfcheck.DEFAULT_VOCAB)
+    try:
+        original, ported = verify.prepare(args.upstream.resolve(), workdir, args.vocab)
+    except harness.HarnessError as exc:
+        p.error(str(exc))
     sides = {
-        "original": (original, selfcheck._mock_env(""), ["pretrain_glm.py"]),
-        "migrated": (ported, verify.ported_env(), verify.PORTED_LAUNCH),
+        "original": (original, harness.mock_env(""), ["pretrain_glm.py"]),
+        "migrated": (ported, harness.ported_env(), verify.PORTED_LAUNCH),
     }
     times: dict[str, list[float]] = {name: [] for name in sides}
     for repeat in tqdm(range(args.repeats), desc=f"mode {args.mode}", unit="pair"):

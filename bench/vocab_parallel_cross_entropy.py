@@ -12,8 +12,8 @@ The loss is reduced as GLM does, sum(loss * loss_mask) / loss_mask.sum(). Half/b
 are widened with .float() first for composed and loss_parallel, as upstream does; shim takes
 them as they are. Rank 0's numbers are reported (the ranks are symmetric).
 
-    python bench/vocab_parallel_cross_entropy.py                     # N=2048, V=50304, fp32
-    python bench/vocab_parallel_cross_entropy.py --dtype bfloat16 --repeats 3
+    python -m bench.vocab_parallel_cross_entropy                     # N=2048, V=50304, fp32
+    python -m bench.vocab_parallel_cross_entropy --dtype bfloat16 --repeats 3
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 
 
-from _measure import measure_step, print_table, run_agreeing_variants
+from bench._measure import measure_step, print_table, run_agreeing_variants
 
 VARIANTS = ("composed", "loss_parallel", "shim")
 
@@ -106,9 +105,9 @@ def worker(variant: str, args) -> dict:
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from harness import free_port
+
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         result_path = os.path.join(tmp, "rank0.json")
         mp.spawn(rank_worker, args=(variant, args, port, result_path), nprocs=2)
@@ -132,7 +131,7 @@ def main(argv=None) -> None:
         return
 
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
-    rows, loss = run_agreeing_variants(__file__, VARIANTS, forwarded)
+    rows, loss = run_agreeing_variants(__spec__.name, VARIANTS, forwarded)
     print(f"2 ranks, N={args.rows} V={args.vocab} ({args.vocab // 2} per rank) {args.dtype}, "
           f"forward+backward, loss {loss:.4f}; rank 0's numbers")
     print_table(rows, reference="composed")

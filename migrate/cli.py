@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--verify"]:
-        from migrate import verify  # its own parser and exit status
+        from harness import verify  # the upstream harness: its own parser and exit status
 
         return verify.main(argv[1:])
     try:

@@ -8,17 +8,6 @@ from pathlib import Path
 
 from migrate.rules import Rule, load_rules, rules_dir
 
-KIND_TEXT = {
-    "module": "module",
-    "symbol": "symbol",
-    "call": "call (arguments edited)",
-    "argument": "argument value",
-    "method": "method call",
-    "unsupported": "unsupported (reported)",
-    "report": "kept (reported)",
-}
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -53,7 +42,7 @@ def render(rules: tuple[Rule, ...]) -> str:
             if r.args:
                 target += f" ({_cell(_args(r))})"
             safety = r.safety if r.target else "—"
-            out.append(f"| {r.code} | {KIND_TEXT[r.kind]} | `{r.match}` | {target} | {safety} | {_cell(r.note)} |")
+            out.append(f"| {r.code} | {r.spec.text} | `{r.match}` | {target} | {safety} | {_cell(r.note)} |")
         out.append("")
     return "\n".join(out)
 

@@ -1,35 +1,39 @@
 """The rule tables in ``rules/*.toml``: loading and validation.
 
-One table feeds two consumers: the static codemod (``glm-migrate``) and the
-runtime import redirection (``glm-mock``). See ``rules/README.md`` for the schema.
+One set of tables feeds three consumers: the static codemod (``glm-migrate``), the
+runtime import redirection (``glm-mock``) and the upstream harness's checks of a
+migrated tree. Each file may hold four kinds of table (``rules/README.md``):
+
+- ``[[rule]]``: one mapping (:class:`Rule`; its ``kind`` is a :class:`migrate.kinds.Kind`);
+- ``[[mock_scope]]``: a package tree glm-mock may stand in for, and what installs the real one;
+- ``[[mock_defined]]``: a name glm-mock serves that no rule maps (the codemod rewrites its call);
+- ``[[forbid]]``: what must not be left in a migrated tree (``glm-migrate --verify``'s static check).
+
+Everything is validated on load; a malformed entry is a :class:`RuleError` naming file and entry.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from migrate.kinds import ARG_CHOICES, KINDS, Kind, KindSpec, Site
+from migrate.rulefiles import RuleError, parsed_files, rules_dir
 
-KINDS = frozenset({"module", "symbol", "call", "argument", "method", "unsupported", "report"})
+__all__ = ["Forbid", "MockDefined", "MockScope", "Rule", "RuleError", "RuleSet", "Tables", "load_rules",
+           "load_tables", "mapped_name", "rules_dir"]  # fmt: skip
+
 SAFETY = frozenset({"safe", "review"})
-NEEDS_TARGET = frozenset({"module", "symbol", "call", "argument", "method"})
-
-
-class RuleError(ValueError):
-    """A rule table is malformed."""
+NEEDS_TARGET = frozenset(kind.value for kind, spec in KINDS.items() if spec.needs_target)
+FORBID_WHAT = frozenset({"import", "call"})
 
 
 @dataclass(frozen=True)
 class Rule:
     code: str
-    kind: str
+    kind: Kind
     match: str
     target: str | None = None
     safety: str = "safe"
@@ -37,62 +41,151 @@ class Rule:
     args: dict = field(default_factory=dict)
     source: str = ""
 
+    def __post_init__(self):
+        object.__setattr__(self, "kind", Kind(self.kind))  # "call" in a table, Kind.CALL here
+
     @property
     def family(self) -> str:
         """The letter prefix of the code (APX, DSP, DST...), used by --select/--ignore."""
         return self.code.rstrip("0123456789")
 
-
-def rules_dir() -> Path:
-    """The rules/ directory: beside the packages in a checkout, or under share/ when installed."""
-    here = Path(__file__).resolve().parent.parent / "rules"
-    if here.is_dir():
-        return here
-    installed = Path(sys.prefix) / "share" / "glm-migrate" / "rules"
-    if installed.is_dir():
-        return installed
-    raise RuleError(f"rule tables not found (looked in {here} and {installed})")
+    @property
+    def spec(self) -> KindSpec:
+        """What its kind means to every consumer (``migrate.kinds.KINDS``)."""
+        return KINDS[self.kind]
 
 
-def _parse(path: Path) -> list[Rule]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{path.name}: {exc}") from None
-    rules = []
-    for i, entry in enumerate(data.get("rule", [])):
-        where = f"{path.name} rule #{i + 1}"
-        missing = {"code", "kind", "match"} - entry.keys()
+@dataclass(frozen=True)
+class MockScope:
+    """A package tree glm-mock may stand in for (``apex``), and what to install to get the real one."""
+
+    name: str
+    install: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class MockDefined:
+    """A name glm-mock serves from ``target`` although no rule maps it (the codemod edits its call)."""
+
+    match: str
+    target: str
+    note: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Forbid:
+    """What a migrated tree must not contain: an ``import`` of the package ``name`` (or under it), or a
+    ``call`` of a function or method named ``name`` (anywhere but under the top-level folder ``outside``)."""
+
+    what: str
+    name: str
+    message: str
+    outside: str | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Every table of a rules directory."""
+
+    rules: tuple[Rule, ...]
+    mock_scopes: tuple[MockScope, ...]
+    mock_defined: tuple[MockDefined, ...]
+    forbid: tuple[Forbid, ...]
+
+
+_ENTRY_TYPES = {"rule": Rule, "mock_scope": MockScope, "mock_defined": MockDefined, "forbid": Forbid}
+_REQUIRED = {"rule": {"code", "kind", "match"}, "mock_scope": {"name", "install"},
+             "mock_defined": {"match", "target", "note"}, "forbid": {"what", "name", "message"}}  # fmt: skip
+
+
+def _entries(path: Path, data: dict, table: str) -> list[tuple[str, dict]]:
+    """``(where, entry)`` for each entry of ``[[table]]``, its keys checked against its dataclass."""
+    entries = data.get(table, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise RuleError(f"{path.name}: {table} must be a list of tables ([[{table}]])")
+    fields = {f for f in _ENTRY_TYPES[table].__dataclass_fields__ if f != "source"}
+    checked = []
+    for i, entry in enumerate(entries):
+        where = f"{path.name} {table} #{i + 1}"
+        missing = _REQUIRED[table] - entry.keys()
         if missing:
             raise RuleError(f"{where}: missing {sorted(missing)}")
-        unknown = entry.keys() - {f for f in Rule.__dataclass_fields__ if f != "source"}
+        label = f"{where} ({entry.get('code') or entry.get('name') or entry.get('match')})"
+        unknown = entry.keys() - fields
         if unknown:
-            raise RuleError(f"{where} ({entry['code']}): unknown keys {sorted(unknown)}")
-        if entry["kind"] not in KINDS:
-            raise RuleError(f"{where} ({entry['code']}): kind must be one of {sorted(KINDS)}")
+            raise RuleError(f"{label}: unknown keys {sorted(unknown)}")
+        not_text = sorted(k for k, v in entry.items() if k != "args" and not isinstance(v, str))
+        if not_text:
+            raise RuleError(f"{label}: {', '.join(not_text)} must be text")
+        checked.append((label, entry))
+    return checked
+
+
+def _parse(path: Path, data: dict) -> Tables:
+    unknown = data.keys() - _ENTRY_TYPES.keys()
+    if unknown:
+        raise RuleError(f"{path.name}: unknown tables {sorted(unknown)} (known: {sorted(_ENTRY_TYPES)})")
+    rules = []
+    for where, entry in _entries(path, data, "rule"):
+        if entry["kind"] not in {k.value for k in Kind}:
+            raise RuleError(f"{where}: kind must be one of {sorted(k.value for k in Kind)}")
         if entry["kind"] in NEEDS_TARGET and not entry.get("target"):
-            raise RuleError(f"{where} ({entry['code']}): kind {entry['kind']!r} needs a target")
+            raise RuleError(f"{where}: kind {entry['kind']!r} needs a target")
         if entry.get("safety", "safe") not in SAFETY:
-            raise RuleError(f"{where} ({entry['code']}): safety must be one of {sorted(SAFETY)}")
+            raise RuleError(f"{where}: safety must be one of {sorted(SAFETY)}")
+        args = entry.get("args", {})
+        if not isinstance(args, dict):
+            raise RuleError(f"{where}: args must be a table")
+        allowed = KINDS[Kind(entry["kind"])].args
+        if args.keys() - allowed:
+            raise RuleError(f"{where}: args {sorted(args.keys() - allowed)} not known for kind {entry['kind']!r}"
+                            f" (known: {sorted(allowed)})")  # fmt: skip
+        for key, words in ARG_CHOICES.items():
+            if key in args and args[key] not in words:
+                raise RuleError(f"{where}: args.{key} must be one of {sorted(words)}")
         rules.append(Rule(**entry, source=path.name))
-    return rules
+    forbid = []
+    for where, entry in _entries(path, data, "forbid"):
+        if entry["what"] not in FORBID_WHAT:
+            raise RuleError(f"{where}: what must be one of {sorted(FORBID_WHAT)}")
+        forbid.append(Forbid(**entry, source=path.name))
+    return Tables(
+        tuple(rules),
+        tuple(MockScope(**e, source=path.name) for _, e in _entries(path, data, "mock_scope")),
+        tuple(MockDefined(**e, source=path.name) for _, e in _entries(path, data, "mock_defined")),
+        tuple(forbid),
+    )
 
 
 @lru_cache(maxsize=None)
-def load_rules(directory: str | None = None) -> tuple[Rule, ...]:
-    """All rules from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), codes unique."""
-    root = Path(directory) if directory else rules_dir()
-    if not root.is_dir():
-        raise RuleError(f"rule tables not found: {root} is not a directory")
-    rules: list[Rule] = []
-    for path in sorted(root.glob("*.toml")):
-        rules.extend(_parse(path))
+def load_tables(directory: str | None = None) -> Tables:
+    """Every table from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), checked across
+    files: rule codes and mock scopes unique, each ``mock_defined`` name inside a mock scope."""
+    parts = [_parse(path, data) for path, data in parsed_files(directory)]
+    tables = Tables(*(tuple(x for part in parts for x in getattr(part, f)) for f in Tables.__dataclass_fields__))
     seen: dict[str, str] = {}
-    for rule in rules:
+    for rule in tables.rules:
         if rule.code in seen:
             raise RuleError(f"duplicate rule code {rule.code} in {rule.source} and {seen[rule.code]}")
         seen[rule.code] = rule.source
-    return tuple(rules)
+    scopes: dict[str, str] = {}
+    for scope in tables.mock_scopes:
+        if scope.name in scopes:
+            raise RuleError(f"duplicate mock_scope {scope.name} in {scope.source} and {scopes[scope.name]}")
+        scopes[scope.name] = scope.source
+    for defined in tables.mock_defined:
+        if not any(defined.match == s or defined.match.startswith(s + ".") for s in scopes):
+            raise RuleError(f"{defined.source} mock_defined ({defined.match}): not inside any mock_scope "
+                            f"({', '.join(scopes)})")  # fmt: skip
+    return tables
+
+
+def load_rules(directory: str | None = None) -> tuple[Rule, ...]:
+    """All rules from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), codes unique."""
+    return load_tables(directory).rules
 
 
 class RuleSet:
@@ -112,10 +205,19 @@ class RuleSet:
             return wanted and rule.code not in ignore and rule.family not in ignore
 
         self.rules = tuple(r for r in rules if active(r))
-        self._by_name = {r.match: r for r in self.rules if r.kind not in ("call", "argument", "method")}
-        self.calls = {r.match: r for r in self.rules if r.kind == "call"}
-        self.arguments = {r.match: r for r in self.rules if r.kind == "argument"}
-        self.methods = {r.match: r for r in self.rules if r.kind == "method"}
+        self._by_name = {r.match: r for r in self.rules if r.spec.site is Site.NAME}
+        # kind -> {match: rule}: how the codemod finds the rules matched at a call site
+        self.by_kind: dict[Kind, dict[str, Rule]] = {kind: {} for kind in Kind}
+        for rule in self.rules:
+            self.by_kind[rule.kind][rule.match] = rule
+        self.calls = self.by_kind[Kind.CALL]
+        self.arguments = self.by_kind[Kind.ARGUMENT]
+        self.methods = self.by_kind[Kind.METHOD]
+
+    @staticmethod
+    def kinds_at(site: Site) -> list[Kind]:
+        """The kinds matched at ``site``, in the order the codemod tries them (the table's)."""
+        return [kind for kind, spec in KINDS.items() if spec.site is site]
 
     def best(self, name: str) -> Rule | None:
         """The most specific module/symbol/unsupported/report rule covering ``name`` (itself or a parent)."""
@@ -128,12 +230,12 @@ class RuleSet:
 
     def trigger_words(self) -> frozenset[str]:
         """Words a file must contain for any rule to apply to it (checked before parsing)."""
-        words = set(self.methods)
+        words = {r.match for r in self.rules if r.spec.site is Site.METHOD}
         for rule in self.rules:
-            if rule.kind != "method":
+            if rule.spec.site is not Site.METHOD:
                 # an external name is reached through an import of its root module
                 words.add(rule.match.split(".")[0])
-            if rule.kind == "call":
+            if rule.kind is Kind.CALL:
                 # a call into the tree may be reached through a re-export under its own name
                 words.add(rule.match.rpartition(".")[2])
         return frozenset(words)
@@ -150,6 +252,6 @@ def _template_names(rule: Rule) -> list[str]:
 
 def mapped_name(rule: Rule, name: str) -> str | None:
     """What ``name`` (covered by ``rule``) becomes, or None for unsupported/report rules."""
-    if rule.target is None or rule.kind in ("unsupported", "report"):
+    if rule.target is None or rule.spec.reported:
         return None
     return rule.target + name[len(rule.match):]

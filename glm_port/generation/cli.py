@@ -4,6 +4,7 @@
     glm-generate --model ckpt --json --input prompts.jsonl --num-beams 4 --max-new-tokens 32
     echo "Beijing is the capital of" | glm-generate --model ckpt --do-sample --top-p 0.9 --seed 1
     torchrun --nproc_per_node 2 -m glm_port.generate --tensor-parallel-size 2 --model glm-10b "..."
+    torchrun --nproc_per_node 4 -m glm_port.generate --tensor-parallel-size 2 --pipeline-parallel-size 2 --model glm-10b "..."
 
 The family (GLM, ...) comes from the directory's ``config.json`` (``model_type``) through
 ``glm_port.models``' registry; a directory without one (upstream ``mp_rank_XX`` files, a ``glm-pretrain
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tensor-parallel-size", type=int, default=1,
                      help="split every layer over this many ranks (launch with torchrun)")
     run.add_argument("--pipeline-parallel-size", type=int, default=1,
-                     help="split the layers into this many stages (launch with torchrun)")
+                     help="split the layers into this many stages, each stage's layers split over "
+                          "--tensor-parallel-size ranks (launch with torchrun)")
     run.add_argument("--pipeline-num-layers", type=int, default=None,
                      help="layers the pipeline splits (LiBai's fourth number; default: all of the model's)")
     return parser

@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node N -m glm_port.generate --tensor-parallel-size T --pipeline-parallel-size P``:
 shim's ``setup_layout`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
 model's layers are built split over the T tensor-parallel ranks and each rank reads its own slices of the
-weights. Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
+weights; with P > 1 each rank builds and reads only its stage's layers (split over the stage's T ranks). Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
 they pick the same tokens; sampling uses one seed, broadcast from rank 0. Data parallel splits the
 prompts: rank group d takes prompts d, d + D, ...; global rank 0 gathers and writes the results.
 """
@@ -48,9 +48,6 @@ class InferenceParallel:
             raise ValueError(f"--tensor-parallel-size {tensor_parallel_size} x --pipeline-parallel-size "
                              f"{pipeline_parallel_size} does not divide the {world} processes (launch with "
                              f"torchrun --nproc_per_node a multiple of {model_parallel})")
-        if pipeline_parallel_size > 1 and tensor_parallel_size > 1:
-            raise ValueError("--pipeline-parallel-size with --tensor-parallel-size > 1 is not available for "
-                             "generation yet; use one of them")
         if world == 1:
             return cls(device)
         started = not dist.is_initialized()
@@ -72,7 +69,7 @@ class InferenceParallel:
         if layout.pipeline_parallel_size > 1:
             from glm_port.distributed import PipelineStage
 
-            return ModelParallel(1, 0, PipelineStage(layout))
+            return ModelParallel(layout.tensor_parallel_size, layout.tensor_parallel_rank, PipelineStage(layout))
         if layout.tensor_parallel_size == 1:
             return None
         return ModelParallel(layout.tensor_parallel_size, layout.tensor_parallel_rank)

@@ -9,7 +9,7 @@ import sys
 
 from migrate.mock import environ as mock_env
 from migrate.mock.finder import ENV_DISABLE, MockFinder, find_installed, parse_forced
-from migrate.mock.plan import SCOPES, load_plan, resolve, scope_of
+from migrate.mock.plan import load_plan, resolve, scope_of, scopes
 from migrate.rules import rules_dir
 
 EPILOG = f"""\
@@ -31,7 +31,7 @@ def _force_arg(parser):
         const="all",
         default="",
         metavar="PKG[,PKG]",
-        help=f"use the stand-in even where the real package is installed ({', '.join(SCOPES)}; default: all)",
+        help=f"use the stand-in even where the real package is installed ({', '.join(scopes())}; default: all)",
     )
 
 
@@ -96,7 +96,7 @@ def list_plan(force: str) -> str:
     plan = load_plan()
     finder = MockFinder(parse_forced(force))
     lines = [f"glm-mock plan (rules: {rules_dir()})", f"torch: {_cuda_line()}", ""]
-    for scope, real_name in SCOPES.items():
+    for scope, real_name in scopes().items():
         spec = find_installed(scope)
         if not finder.serves(scope):
             lines.append(f"{scope:<11} real package wins: {spec.origin} (--force {scope} to use the stand-in)")

@@ -2,7 +2,7 @@
 
 :class:`MockFinder` sits first on ``sys.meta_path`` and
 
-- serves stand-in modules for the scopes in :data:`migrate.mock.plan.SCOPES`
+- serves stand-in modules for the scopes in ``rules/`` (:func:`migrate.mock.plan.scopes`)
   (``apex``, ``deepspeed``, ``torch._six``...) unless the real package is
   installed and not forced; their attributes come from the rule tables;
 - refuses submodules no rule covers with a ModuleNotFoundError that says so;
@@ -18,7 +18,7 @@ import importlib.machinery
 import sys
 import types
 
-from migrate.mock.plan import SCOPES, Plan, load_plan, resolve, scope_of
+from migrate.mock.plan import Plan, load_plan, resolve, scope_of, scopes
 
 ENV_DISABLE = "GLM_MOCK_DISABLE"  # kill switch: any value but "" and "0"
 ENV_FORCE = "GLM_MOCK_FORCE"  # comma-separated scopes whose stand-in beats a real install ("all")
@@ -134,9 +134,14 @@ def find_installed(name: str):
     return spec
 
 
+# No scope is in the standard library, nor is site's own usercustomize (imported after the start-up hook).
+_NEVER_IN_SCOPE = frozenset(sys.stdlib_module_names) | {"sitecustomize", "usercustomize"}
+
+
 class MockFinder:
     def __init__(self, forced=frozenset(), installed=find_installed):
-        self.forced = frozenset(SCOPES) if "all" in forced else frozenset(forced)
+        self.forced = frozenset(scopes()) if "all" in forced else frozenset(forced)
+        self._reading = False  # True while the scopes are read: the imports that takes pass through
         self._installed = installed
         self._serves: dict[str, bool] = {}
 
@@ -149,7 +154,13 @@ class MockFinder:
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "torch":
             return self._torch_spec(path, target)
-        scope = scope_of(fullname)
+        if fullname.partition(".")[0] in _NEVER_IN_SCOPE or self._reading:
+            return None  # most imports never read the tables
+        self._reading = True
+        try:
+            scope = scope_of(fullname)
+        finally:
+            self._reading = False
         if scope is None or not self.serves(scope):
             return None
         plan = load_plan()
@@ -170,9 +181,9 @@ class MockFinder:
 
 def parse_forced(value: str, source: str = ENV_FORCE) -> frozenset[str]:
     forced = frozenset(s.strip() for s in value.split(",") if s.strip())
-    unknown = forced - set(SCOPES) - {"all"}
+    unknown = forced - {"all"} and forced - set(scopes()) - {"all"}
     if unknown:
-        raise ValueError(f"{source}: unknown package(s) {sorted(unknown)}; choose from {sorted(SCOPES)} or 'all'")
+        raise ValueError(f"{source}: unknown package(s) {sorted(unknown)}; choose from {sorted(scopes())} or 'all'")
     return forced
 
 

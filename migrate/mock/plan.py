@@ -1,9 +1,11 @@
 """What glm-mock redirects, read from the rule tables (one mapping, two consumers).
 
 The codemod rewrites ``apex.optimizers.FusedAdam`` to ``shim.optim.FusedAdam``; the
-mock serves the same rule at import time. Only rules inside :data:`SCOPES` matter
+mock serves the same rule at import time. Only rules inside its scopes (:func:`scopes`) matter
 here: the rest of torch (``torch.cuda``, ``.cuda()``...) is made portable by
-``shim.compat.install()``, not by stand-in modules.
+``shim.compat.install()``, not by stand-in modules. The scopes, and the few names served
+that no rule maps, are tables in ``rules/`` too (``[[mock_scope]]``, ``[[mock_defined]]``);
+what each rule kind means to the mock is its ``mock`` entry in ``migrate.kinds``.
 """
 
 from __future__ import annotations
@@ -12,25 +14,31 @@ import importlib
 from functools import lru_cache
 from typing import NamedTuple
 
-# Module trees the mock can stand in for -> what to install to get the real thing.
-SCOPES = {
-    "apex": "NVIDIA apex",
-    "amp_C": "NVIDIA apex",
-    "deepspeed": "DeepSpeed (pip install deepspeed)",
-    "torch._six": "torch < 2.0",
-    # Megatron-LM's CUDA extensions, built by its fused_kernels.load(args) (rules/megatron.toml)
-    "scaled_masked_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
-    "scaled_upper_triang_masked_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
-    "scaled_softmax_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
-    "fused_mix_prec_layer_norm_cuda": "Megatron-LM's fused kernels (built with nvcc on a GPU machine)",
-    "fused_layer_norm_cuda": "NVIDIA apex",
-}
+from migrate.rulefiles import parsed_files
 
-# DeepSpeed's init_distributed: the codemod rewrites its call to init_process_group (an
-# argument edit the mock cannot make), so the mock serves shim.deepspeed's, same signature.
-MOCK_DEFINED = {
-    "deepspeed.init_distributed": "shim.deepspeed.init_distributed",
-}
+
+@lru_cache(maxsize=None)
+def scopes() -> dict[str, str]:
+    """Module trees the mock can stand in for -> what to install to get the real thing (``[[mock_scope]]``).
+
+    Read from the parsed TOML alone, on the first import the finder cannot rule out by itself (it
+    never asks for a standard-library name, and everything reading the files imports is one): a
+    process that imports nothing else pays nothing. ``migrate.rules`` checks every entry when the
+    plan is built (:func:`load_plan`), on the first import of a mocked name."""
+    return {scope["name"]: scope["install"] for _, data in parsed_files() for scope in data.get("mock_scope", ())}
+
+
+def mock_defined() -> dict[str, str]:
+    """Names the mock serves that no rule can -> what serves them (``[[mock_defined]]``)."""
+    return {entry["match"]: entry["target"] for _, data in parsed_files() for entry in data.get("mock_defined", ())}
+
+
+def __getattr__(name: str):  # SCOPES and MOCK_DEFINED, read when first asked for
+    if name == "SCOPES":
+        return scopes()
+    if name == "MOCK_DEFINED":
+        return mock_defined()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Redirect(NamedTuple):
@@ -39,13 +47,13 @@ class Redirect(NamedTuple):
     name: str
     kind: str  # "module" (a stand-in forwarding to target), "symbol", or "not covered"
     target: str | None = None
-    code: str = ""  # the rule code, "" for MOCK_DEFINED
+    code: str = ""  # the rule code, "" for a mock_defined name
     note: str = ""
 
 
 def scope_of(name: str) -> str | None:
     """The scope ``name`` lies in (``"apex"`` for ``apex.amp``), or None."""
-    for scope in SCOPES:
+    for scope in scopes():
         if name == scope or name.startswith(scope + "."):
             return scope
     return None
@@ -84,26 +92,34 @@ class Plan:
         code = f"[{redirect.code}] " if redirect.code else ""
         return (
             f"{name} is not covered by glm-mock: {code}{redirect.note} "
-            f"(install {SCOPES[scope_of(name)]} to use it)"
+            f"(install {scopes()[scope_of(name)]} to use it)"
         )
 
 
 def _redirect(rule) -> Redirect:
-    if rule.kind in ("module", "symbol") or (rule.kind == "call" and not rule.args):
-        return Redirect(rule.match, "module" if rule.kind == "module" else "symbol", rule.target, rule.code, rule.note)
-    if rule.kind == "call":
+    """What the mock does for ``rule``: its kind's ``mock`` entry in ``migrate.kinds.KINDS``."""
+    from migrate.kinds import Mock
+
+    mock = rule.spec.mock
+    if mock is Mock.SYMBOL_IF_PLAIN:
+        if not rule.args:
+            return Redirect(rule.match, "symbol", rule.target, rule.code, rule.note)
         note = f"{rule.note} (its argument edits need glm-migrate; the mock cannot apply them)"
         return Redirect(rule.match, "not covered", code=rule.code, note=note)
+    if mock in (Mock.MODULE, Mock.SYMBOL):
+        return Redirect(rule.match, mock.value, rule.target, rule.code, rule.note)
     return Redirect(rule.match, "not covered", code=rule.code, note=rule.note)
 
 
 @lru_cache(maxsize=None)
 def load_plan() -> Plan:
-    from migrate.rules import load_rules  # only when a mocked name is imported: start-up stays cheap
+    from migrate.kinds import Mock
+    from migrate.rules import load_tables  # only when a mocked name is imported: start-up stays cheap
 
-    redirects = {r.match: _redirect(r) for r in load_rules() if scope_of(r.match) and r.kind != "method"}
-    for name, target in MOCK_DEFINED.items():
-        redirects[name] = Redirect(name, "symbol", target, note="shim.deepspeed's, on shim.distributed")
+    tables = load_tables()
+    redirects = {r.match: _redirect(r) for r in tables.rules if scope_of(r.match) and r.spec.mock is not Mock.IGNORED}
+    for defined in tables.mock_defined:
+        redirects[defined.match] = Redirect(defined.match, "symbol", defined.target, note=defined.note)
     return Plan(list(redirects.values()))
 
 

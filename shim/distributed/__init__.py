@@ -55,10 +55,12 @@ from shim.distributed.layout import (  # noqa: F401 (exported)
     get_layer_placement,
     get_layout,
     get_nd_sbp,
+    holds_layer,
     is_main_process,
     layer_mesh,
     reset_dist_util,
     reset_layout,
+    set_pipeline_num_layers,
     setup_dist_util,
     setup_layout,
 )

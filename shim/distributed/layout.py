@@ -8,7 +8,11 @@ and builds:
 
 - the root mesh, dims ``("pp", "dp", "tp")``;
 - one mesh per pipeline stage, dims ``("dp", "tp")``: ``layer_mesh(layer_idx)``, the mesh
-  a layer's weights are DTensors on.
+  a layer's weights are DTensors on; ``holds_layer(layer_idx)``: whether this rank's stage
+  holds the layer (a model builds the others on the meta device).
+
+The layer count the stages split is ``pipeline_num_layers``; a loader that learns the model's
+count after the layout exists sets it with ``set_pipeline_num_layers``.
 
 Every size is checked against the world size before any collective starts.
 
@@ -33,9 +37,11 @@ __all__ = [
     "current_layout",
     "ensure_divisible",
     "get_layout",
+    "holds_layer",
     "is_main_process",
     "layer_mesh",
     "reset_layout",
+    "set_pipeline_num_layers",
     "setup_layout",
     "world_size",
     # LiBai's names
@@ -100,9 +106,12 @@ class ParallelLayout:
     def layer_stage(self, layer_idx: int) -> int:
         """The pipeline stage holding layer ``layer_idx`` (negative counts from the end).
 
-        Layers split evenly; when they do not divide, the last stages take one more.
+        Layers split evenly; when they do not divide, the last stages take one more. With one stage
+        every layer is on it, whatever its index.
         """
         n, p = self.pipeline_num_layers, self.pipeline_parallel_size
+        if p == 1:
+            return 0
         if layer_idx < 0:
             layer_idx += n
         if not 0 <= layer_idx < n:
@@ -202,6 +211,23 @@ def reset_layout() -> None:
     """Forget the layout (the process group stays)."""
     global _layout
     _layout = None
+
+
+def set_pipeline_num_layers(num_layers: int) -> ParallelLayout:
+    """Tell the layout how many layers its pipeline stages split (a model's, known after the layout)."""
+    layout = get_layout()
+    if num_layers < layout.pipeline_parallel_size:
+        raise ValueError(f"{num_layers} layers do not fill {layout.pipeline_parallel_size} pipeline stages")
+    layout.pipeline_num_layers = num_layers
+    return layout
+
+
+def holds_layer(layer_idx: int) -> bool:
+    """Whether this rank's pipeline stage holds layer ``layer_idx`` (always, without a layout or pipeline)."""
+    layout = current_layout()
+    if layout is None or layout.pipeline_parallel_size == 1:
+        return True
+    return layout.layer_stage(layer_idx) == layout.pipeline_stage
 
 
 def layer_mesh(layer_idx: int = 0) -> DeviceMesh:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness import free_port  # absolute: this file also runs as a script
+
 LAUNCH_TIMEOUT_S = 150
 
 
@@ -37,12 +38,6 @@ class CheckResults(dict):
     def assert_passed(self, name: str) -> None:
         failures = [f"rank {rank}:\n{tb}" for rank, tb in enumerate(self[name]) if tb is not None]
         assert not failures, "\n".join(failures)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world_size, port, checks, out_dir):
@@ -67,7 +62,7 @@ def _worker(rank, world_size, port, checks, out_dir):
 def _fork_and_run(checks: dict, world_size: int) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
-            _worker, args=(world_size, _free_port(), checks, out_dir), nprocs=world_size,
+            _worker, args=(world_size, free_port(), checks, out_dir), nprocs=world_size,
             start_method="fork", join=False,
         )
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S

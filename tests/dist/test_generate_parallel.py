@@ -1,7 +1,8 @@
 """Parallel inference is invisible in the results: glm-generate at tensor parallel 2 (from a checkpoint saved at
 model-parallel 1, and from one saved at 2), at pipeline parallel 2 and at data parallel 2 gives one process's
 tokens (greedy and beam search); tensor- and pipeline-parallel logits agree with one process's within 1e-5
-(fp32). Two gloo ranks, one launch."""
+(fp32). Two gloo ranks, one launch; then four (tensor parallel 2 x pipeline parallel 2: each stage's layers split
+over its two ranks), a second launch."""
 
 import io
 import json
@@ -132,14 +133,64 @@ def check_heads_that_do_not_split_are_one_line_exit_2():
 CHECKS = {name: check for name, check in globals().items() if name.startswith("check_")}
 
 
+# ---- four ranks: tensor parallel 2 x pipeline parallel 2 (LiBai's numbers: 1, 2, 2, all layers) ---------------
+def check4_tensor_and_pipeline_parallel_greedy_from_mp2():
+    # Upstream's mp_rank files at model-parallel 2: each rank reads its own file, its stage's weights only.
+    ours = generate(["--model", str(WORK / "mp2"), "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"])
+    assert ours == EXPECTED["json"]
+
+
+def check4_tensor_and_pipeline_parallel_logits():
+    import shim.distributed as sdist
+    from glm_port.distributed import PipelineStage
+    from glm_port.generation.parallel import ModelParallel
+
+    layout = sdist.setup_dist_util(tensor_parallel_size=2, pipeline_parallel_size=2)
+    try:
+        model = GLMForConditionalGeneration.from_pretrained(WORK / "hf", tensor_parallel=ModelParallel(
+            2, layout.tensor_parallel_rank, PipelineStage(layout)))
+        stage, layers = layout.pipeline_stage, model.glm.transformer.layers
+        mine = layers[stage].mlp.dense_h_to_4h.weight
+        # This stage's layer: a DTensor on this stage's tensor-parallel ranks, holding half of the rows here.
+        assert sorted(mine.device_mesh.mesh.tolist()) == sorted(layout.mesh.mesh[stage, 0].tolist())
+        assert mine.to_local().shape[0] == 4 * 64 // 2 and not mine.to_local().is_meta
+        # The other stage's layers: built on the meta device, on that stage's mesh: nothing held here.
+        assert all(torch.distributed.tensor.DTensor.to_local(p).numel() == 0
+                   for p in layers[1 - stage].attention.parameters())
+        table = model.glm.word_embeddings.weight  # first stage: the input table; last: its tied-output copy
+        assert sorted(table.device_mesh.mesh.tolist()) == sorted(layout.mesh.mesh[stage, 0].tolist())
+        with torch.no_grad():
+            logits = model(EXPECTED["ids"], attention_mask=torch.tensor([5, 7])).logits
+        torch.testing.assert_close(logits, EXPECTED["logits"], rtol=1e-5, atol=1e-5)
+    finally:
+        sdist.reset_dist_util()
+
+
+CHECKS4 = {name: check for name, check in globals().items() if name.startswith("check4_")}
+
+
 @pytest.fixture(scope="module")
-def results(launch):
+def references():
     _write_checkpoints()
     EXPECTED["beams"] = generate(["--model", str(WORK / "hf"), "--num-beams", "3"])
     os.environ.pop("WORLD_SIZE", None)
+
+
+@pytest.fixture(scope="module")
+def results(launch, references):
     return launch(CHECKS, world_size=2)
+
+
+@pytest.fixture(scope="module")
+def results4(launch, references):
+    return launch(CHECKS4, world_size=4)
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_parallel_generation_equals_one_process(results, name):
     results.assert_passed(name)
+
+
+@pytest.mark.parametrize("name", list(CHECKS4))
+def test_tensor_and_pipeline_parallel_equal_one_process(results4, name):
+    results4.assert_passed(name)

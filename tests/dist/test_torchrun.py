@@ -1,23 +1,18 @@
 """Under a real launcher: ``torchrun --nproc_per_node 2`` on gloo, process group started by shim."""
 
 import os
-import socket
 import subprocess
 import sys
 
+from ..conftest import free_port
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "torchrun_script.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_setup_layout_under_torchrun():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(  # torchrun itself, as the module its console script runs
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
          SCRIPT],
         capture_output=True, text=True, timeout=150, env=env,
     )

@@ -9,12 +9,13 @@ Runs only with GLM_UPSTREAM=/path/to/GLM set.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from ..conftest import free_port
 
 UPSTREAM = os.environ.get("GLM_UPSTREAM", "")
 TESTS = os.path.join(UPSTREAM, "mpu", "tests")
@@ -36,12 +37,6 @@ ALIAS = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("script", ["test_initialize.py", "test_cross_entropy.py"])
 def test_megatron_mpu_test_passes_on_shim_mpu(script, tmp_path):
     (tmp_path / "mpu").mkdir()
@@ -51,7 +46,7 @@ def test_megatron_mpu_test_passes_on_shim_mpu(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(_free_port()), os.path.join(TESTS, script)],
+         "--master_port", str(free_port()), os.path.join(TESTS, script)],
         cwd=TESTS, env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]

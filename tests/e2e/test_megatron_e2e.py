@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from migrate.mock.selfcheck import _mock_env
-from migrate.verify import ported_env
+from harness import mock_env, ported_env
+
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = Path(os.environ.get("GLM_VOCAB") or next(
@@ -163,7 +163,7 @@ def _train(tree: Path, script: str, data: Path, nproc: int, env: dict, launcher:
 def test_migrated_tree_trains_with_the_unmodified_trees_losses(megatron_trees, script, nproc, tmp_path):
     original, migrated, data = megatron_trees
     ours = _train(migrated, script, data, nproc, ported_env(), [], tmp_path / "migrated.log")
-    theirs = _train(original, script, data, nproc, _mock_env(""), [str(REFERENCE)], tmp_path / "original.log")
+    theirs = _train(original, script, data, nproc, mock_env(""), [str(REFERENCE)], tmp_path / "original.log")
     per_iteration = 1 if script == "pretrain_gpt.py" else 2  # BERT logs lm and sop loss
     assert len(ours) == ITERS * per_iteration, ours
     assert [name for name, _ in ours] == [name for name, _ in theirs]

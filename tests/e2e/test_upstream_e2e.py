@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from migrate import verify
+import harness
+from harness import verify
 
 PROBE = Path(__file__).with_name("checkpoint_probe.py")
 
@@ -27,7 +28,7 @@ def test_migrated_tree_passes_the_static_checks(trees):
 def test_migrated_pretrain_logs_the_originals_losses(trees, mode):
     original, ported = trees
     iters = 5
-    theirs = verify.pretrain(original, verify.selfcheck._mock_env(""), mode, iters, 900, ["pretrain_glm.py"])
+    theirs = verify.pretrain(original, harness.mock_env(""), mode, iters, 900, ["pretrain_glm.py"])
     ours = verify.pretrain(ported, verify.ported_env(), mode, iters, 900, verify.PORTED_LAUNCH)
     comparison = verify.Comparison(mode, theirs, ours, rtol=1e-4)
     assert len(ours.losses) == iters and comparison.ok, verify.table(comparison)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from migrate import verify
+from harness import verify
 from migrate.cli import main as cli_main
 
 # A stand-in pretrain_glm.py: upstream's log format, losses that depend on the flags verify passes.
@@ -18,7 +18,7 @@ FAKE_PRETRAIN = textwrap.dedent('''\
     flags = {name: value for name, value in zip(sys.argv[1:], sys.argv[2:]) if name.startswith("--")}
     if flags.get("--hidden-dropout") != "0" or flags.get("--attention-dropout") != "0" or flags["--seed"] != "1234":
         sys.exit("dropout must be off and the seed 1234")
-    import apex  # fails under migrate.without, as the migrated tree must not need it
+    import apex  # fails under harness.without, as the migrated tree must not need it
 ''')
 FAKE_LOSSES = textwrap.dedent('''\
     mp = int(flags["--model-parallel-size"])
@@ -142,7 +142,7 @@ def test_static_checks_name_each_problem(tmp_path):
 def test_without_makes_packages_unimportable_for_the_script(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint(sys.argv[1:])\nimport json\n")
-    run = subprocess.run([sys.executable, "-m", "migrate.without", "json", str(script), "--flag", "1"],
+    run = subprocess.run([sys.executable, "-m", "harness.without", "json", str(script), "--flag", "1"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stdout == "['--flag', '1']\n"
     assert "ModuleNotFoundError: import of json halted" in run.stderr

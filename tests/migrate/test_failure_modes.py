@@ -310,7 +310,7 @@ import glm_migrate_test_absent_module  # as upstream's `from tensorboardX import
 
 @pytest.mark.parametrize("mode", ["1", "dp2"])
 def test_a_failed_run_is_named_by_the_exception_it_ended_on(mode, tmp_path):
-    from migrate import verify
+    from harness import verify
 
     tree = tmp_path / "GLM"
     tree.mkdir()
@@ -323,7 +323,7 @@ def test_a_failed_run_is_named_by_the_exception_it_ended_on(mode, tmp_path):
 
 
 def test_verify_says_in_one_line_why_a_run_failed(tmp_path, monkeypatch, capsys):
-    from migrate import verify
+    from harness import verify
 
     original, ported = tmp_path / "GLM", tmp_path / "GLM-ported"
     for tree in (original, ported):
@@ -359,7 +359,7 @@ def test_a_file_put_into_dst_while_it_runs_is_not_deleted(work, monkeypatch, cap
 
 
 def test_failure_cause_reads_interleaved_rank_tracebacks():
-    from migrate import verify
+    from harness import verify
 
     log = "\n".join([
         "[rank0]: Traceback (most recent call last):",

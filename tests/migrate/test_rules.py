@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 from migrate import docs
-from migrate.rules import Rule, RuleError, RuleSet, load_rules
+from migrate.kinds import KINDS, Kind, Mock, Site
+from migrate.rules import Rule, RuleError, RuleSet, load_rules, load_tables, mapped_name
 
 RULES = load_rules()
 
@@ -78,3 +79,74 @@ def test_malformed_tables_are_named(tmp_path, table, message):
     (tmp_path / "bad.toml").write_text(table)
     with pytest.raises(RuleError, match=message):
         load_rules(str(tmp_path))
+
+
+# -- the kind table and the tables beside the rules ----------------------------------------------
+
+TABLES = load_tables()
+
+
+def test_every_kind_has_one_table_entry_that_its_rules_honour():
+    assert set(KINDS) == set(Kind)
+    for rule in RULES:
+        assert isinstance(rule.kind, Kind) and rule.spec is KINDS[rule.kind]
+        assert bool(rule.target) or not rule.spec.needs_target, rule.code
+        assert (mapped_name(rule, rule.match) is None) == bool(rule.spec.reported), rule.code
+    index = RuleSet(RULES)
+    for kind in Kind:  # each rule is indexed where its kind's site says the codemod looks
+        for rule in (r for r in RULES if r.kind is kind):
+            if KINDS[kind].site is Site.NAME:
+                assert index.best(rule.match) is rule
+            else:
+                assert index.by_kind[kind][rule.match] is rule and kind in index.kinds_at(KINDS[kind].site)
+
+
+def test_the_docs_column_comes_from_the_kind_table():
+    assert all(f"| {r.code} | {r.spec.text} |" in docs.render(RULES) for r in RULES)
+
+
+def test_mock_scopes_cover_every_name_the_mock_serves():
+    scopes = [s.name for s in TABLES.mock_scopes]
+    assert scopes == ["apex", "amp_C", "fused_layer_norm_cuda", "deepspeed", "scaled_masked_softmax_cuda",
+                      "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda",
+                      "fused_mix_prec_layer_norm_cuda", "torch._six"]
+    assert all(s.install for s in TABLES.mock_scopes)
+    for scope in scopes:  # a scope no rule covers would only stand in for nothing
+        assert any(r.match == scope or r.match.startswith(scope + ".") for r in RULES), scope
+    for defined in TABLES.mock_defined:
+        assert any(defined.match == s or defined.match.startswith(s + ".") for s in scopes)
+        assert defined.note and _resolves(defined.target), defined.match
+        ruled = [r for r in RULES if r.match == defined.match]  # only where the rule's own kind cannot serve it
+        assert all(r.spec.mock is Mock.NOT_COVERED or (r.spec.mock is Mock.SYMBOL_IF_PLAIN and r.args) for r in ruled)
+
+
+def test_forbid_entries_are_what_a_migrated_tree_must_not_hold():
+    assert {(f.what, f.name, f.outside) for f in TABLES.forbid} == {
+        ("import", "apex", None), ("call", "vocab_parallel_cross_entropy", "mpu")}
+    for forbid in TABLES.forbid:  # a rule moves each away: the check is of the codemod's own work
+        moved = [r for r in RULES if r.match.split(".")[0] == forbid.name or r.match.endswith("." + forbid.name)]
+        assert moved and all(r.target or r.kind is Kind.UNSUPPORTED for r in moved), forbid.name
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[[rules]]\ncode = "X1"\n', r"unknown tables \['rules'\]"),
+    ('[[mock_scope]]\nname = "apex"\n', r"mock_scope #1: missing \['install'\]"),
+    ('[[mock_scope]]\nname = "apex"\ninstall = "x"\nwhy = "y"\n', "unknown keys"),
+    ('[[mock_scope]]\nname = "apex"\ninstall = 3\n', "install must be text"),
+    ('[[mock_scope]]\nname = "apex"\ninstall = "x"\n' * 2, "duplicate mock_scope apex"),
+    ('[[mock_defined]]\nmatch = "ds.f"\ntarget = "shim.f"\nnote = "n"\n', r"mock_defined \(ds.f\): not inside any"),
+    ('[[forbid]]\nwhat = "attribute"\nname = "x"\nmessage = "m"\n', "what must be one of"),
+    ('[[forbid]]\nwhat = "call"\nname = "x"\n', r"missing \['message'\]"),
+    ('rule = 3\n', "rule must be a list of tables"),
+    ('[[rule]]\ncode = "X1"\nkind = "call"\nmatch = "a.b"\ntarget = "c"\nargs = "x"\n', "args must be a table"),
+    ('[[rule]]\ncode = "X1"\nkind = "call"\nmatch = "a.b"\ntarget = "c"\nargs = { receiver = "argument" }\n',
+     r"args \['receiver'\] not known for kind 'call'"),
+    ('[[rule]]\ncode = "X1"\nkind = "call"\nmatch = "a.b"\ntarget = "c"\nargs = { scope = "package" }\n',
+     r"args.scope must be one of \['module'\]"),
+    ('[[rule]]\ncode = "X1"\nkind = "method"\nmatch = "m"\ntarget = "c"\nargs = { receiver = "self" }\n',
+     r"args.receiver must be one of \['argument'\]"),
+])
+def test_malformed_side_tables_are_named(tmp_path, table, message):
+    (tmp_path / "bad.toml").write_text(table)
+    with pytest.raises(RuleError, match=message):
+        load_tables(str(tmp_path))

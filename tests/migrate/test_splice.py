@@ -2,7 +2,8 @@
 
 import pytest
 
-from migrate.codemod import RewriteError, _Edit, splice
+from migrate.codemod import Edit as _Edit
+from migrate.codemod import RewriteError, splice
 
 
 def test_nested_edits_render_inside_out_and_insertions_stay_beside():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,11 @@ import pytest
 
 from migrate.mock import environ as mock_env
 
+from ..conftest import free_port  # noqa: F401  (test modules import it from here too)
+
 FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
 SCOPE_VARS = ("PYTHONPATH", mock_env.ENV_ACTIVE, mock_env.ENV_SAVED, "GLM_MOCK_FORCE", "GLM_MOCK_DISABLE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -30,6 +26,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def mocked_env(force: str = "", **extra: str) -> dict[str, str]:
+    """``clean_env`` with glm-mock on; the children import this checkout's ``migrate`` (last on
+    PYTHONPATH), not whichever one is installed."""
+    extra["PYTHONPATH"] = os.pathsep.join(p for p in (extra.get("PYTHONPATH"), str(REPO)) if p)
     env = clean_env(**extra)
     return mock_env.apply(env, mock_env.enable_changes(env, force))
 

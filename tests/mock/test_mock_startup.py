@@ -57,3 +57,14 @@ def test_torch_gets_compat_on_import_and_keeps_its_own_loader():
     )
     assert run([sys.executable, "-c", code], mocked_env()).stdout == "SourceFileLoader SourceFileLoader True\n"
     assert run([sys.executable, "-c", code], clean_env()).stdout == "SourceFileLoader SourceFileLoader False\n"
+
+
+def test_the_rule_tables_are_read_only_when_an_import_could_be_mocked(tmp_path):
+    """A process importing only the standard library never reads rules/ (start-up stays cheap); the
+    first other import reads the scopes, and a mocked name still resolves after that."""
+    (tmp_path / "mine.py").write_text("X = 1\n")
+    code = ("import sys, json, csv; print('tomllib' in sys.modules, 'migrate.rules' in sys.modules); "
+            "import mine; print('tomllib' in sys.modules, 'migrate.rules' in sys.modules); "
+            "import apex.optimizers; print('migrate.rules' in sys.modules)")  # fmt: skip
+    proc = run([sys.executable, "-c", code], mocked_env(PYTHONPATH=str(tmp_path)))
+    assert proc.stdout.splitlines() == ["False False", "True False", "True"], proc.stderr

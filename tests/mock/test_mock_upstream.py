@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from migrate.mock import selfcheck
+from harness import selfcheck
 
 UPSTREAM = os.environ.get("GLM_UPSTREAM", "")
 
 pytestmark = pytest.mark.skipif(
     not (UPSTREAM and (Path(UPSTREAM) / "pretrain_glm.py").is_file()),
-    reason="needs a THUDM/GLM checkout: set GLM_UPSTREAM=/path/to/GLM (writes /root/data/test.json if absent)",
+    reason="needs a THUDM/GLM checkout: set GLM_UPSTREAM=/path/to/GLM (writes the corpus where the checkout reads it, if absent)",
 )
 
 

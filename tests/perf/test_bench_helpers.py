@@ -1,36 +1,40 @@
-"""bench/peak_memory.py wraps a script unmodified, and bench/pretrain.py can read what it prints."""
+"""bench.peak_memory wraps a script unmodified, and bench.pretrain can read what it prints."""
 
-import importlib.util
+import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_pretrain_bench():
-    spec = importlib.util.spec_from_file_location("pretrain_bench", BENCH / "pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    import bench.pretrain
+
+    return bench.pretrain
+
+
+def run_module(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` from the repository root, as the benches are run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=check)
 
 
 def test_peak_memory_runs_the_script_as_main_and_reports(tmp_path):
     script = tmp_path / "grow.py"
     script.write_text("import sys\nblock = bytearray(64 << 20)\nprint('args', sys.argv[1:], __name__)\n")
-    out = subprocess.run([sys.executable, str(BENCH / "peak_memory.py"), str(script), "--flag", "1"],
-                         capture_output=True, text=True, check=True).stdout
+    out = run_module("bench.peak_memory", str(script), "--flag", "1", check=True).stdout
     assert "args ['--flag', '1'] __main__" in out
     rss, cuda = load_pretrain_bench().PEAK.findall(out)[-1]
     assert float(rss) >= 64 and cuda == "-"
 
 
 def test_peak_memory_refuses_a_missing_script(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "peak_memory.py"), str(tmp_path / "absent.py")],
-                          capture_output=True, text=True)
+    proc = run_module("bench.peak_memory", str(tmp_path / "absent.py"))
     assert proc.returncode != 0 and "no such file" in proc.stderr
 
 
@@ -76,3 +80,21 @@ def test_fp16_iterations_whose_loss_scale_fell_are_left_out():
     assert run.skipped_after(2) == 2 and run.median_ms(2) == 101  # 92 and 70 skipped their step
     no_scale = bench.iteration_times(" iteration 1/ 1 | elapsed time per iteration (ms): 5.0 | lm loss 1.0 |")
     assert no_scale == ([5.0], [False])
+
+
+BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_bench_is_a_module_of_the_bench_package(name):
+    """Each bench imports as ``bench.NAME`` (no sys.path edits) and its docstring shows ``python -m bench.NAME``."""
+    import importlib
+
+    module = importlib.import_module(f"bench.{name}")
+    assert callable(module.main)
+    assert f"python -m bench.{name}" in module.__doc__
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    top = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    edits = [call for node in top for call in ast.walk(node)
+             if isinstance(call, ast.Call) and ast.unparse(call.func).startswith("sys.path.")]
+    assert not edits, f"bench/{name}.py edits sys.path at module level"

@@ -12,6 +12,8 @@ import torch
 import shim.compat
 from shim.compat import cudaless, devices, six
 
+from ..conftest import free_port
+
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CUDA-less meaning")
 
 
@@ -251,10 +253,9 @@ def test_reaches_recomputation_in_backward(compat):
 def test_nccl_becomes_gloo_and_ddp_takes_gpu_ids():
     _run(
         """
-        import socket, torch, torch.distributed as dist, shim.compat
+        import torch, torch.distributed as dist, shim.compat
         shim.compat.install()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        port = PORT
         dist.init_process_group(backend="nccl", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
         assert dist.get_backend() == "gloo"
         group = dist.new_group([0], None, "nccl")
@@ -267,5 +268,5 @@ def test_nccl_becomes_gloo_and_ddp_takes_gpu_ids():
         del model  # DDP before its process group, or gloo's teardown can hang
         dist.destroy_process_group()
         shim.compat.uninstall()
-        """
+        """.replace("PORT", str(free_port()))
     )

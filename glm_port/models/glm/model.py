@@ -21,6 +21,12 @@ the logits come out vocab-sharded, as upstream's ``parallel_output``. The split 
 layer is built (shim's ``Linear1D`` / ``VocabParallelEmbedding``, Megatron's ``skip_bias_add`` for the
 matmuls whose bias is fused into the next op); in one process they are plain ``nn.Linear`` /
 ``nn.Embedding``. The launcher's layout (``glm_port.distributed.ParallelEnv``) is what makes them shards.
+
+Each split layer carries the index of the transformer layer it belongs to (``layer_idx``; the word
+embeddings: 0, LiBai's convention), which selects its pipeline stage's mesh under a layout with pipeline
+stages (``shim.distributed.layer_mesh``). Layers of other stages are built on the meta device (nothing
+allocated, nothing initialised); the word embeddings live on the first stage, with a copy on the last
+stage for the tied output layer.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import contextlib
 import math
 
 import shim as torch
+import shim.distributed as dist
 import shim.nn as nn
 import shim.nn.functional as F
 from glm_port.models.glm.attention import ATTENTION_IMPLS, visibility_mask
@@ -57,29 +64,42 @@ def _normal_(std: float):
     return init
 
 
-def _column(in_features, out_features, init):
+def _column(in_features, out_features, init, layer_idx):
     """``in -> out`` split by output rows over tensor-parallel ranks; bias returned for fusing."""
-    return nn.Linear1D(in_features, out_features, parallel="col", init_method=init, skip_bias_add=True)
+    return nn.Linear1D(in_features, out_features, parallel="col", layer_idx=layer_idx, init_method=init,
+                       skip_bias_add=True)
 
 
-def _row(in_features, out_features, init):
+def _row(in_features, out_features, init, layer_idx):
     """``in -> out`` split by input columns, outputs summed over the ranks; bias returned for fusing."""
-    return nn.Linear1D(in_features, out_features, parallel="row", init_method=init, skip_bias_add=True)
+    return nn.Linear1D(in_features, out_features, parallel="row", layer_idx=layer_idx, init_method=init,
+                       skip_bias_add=True)
+
+
+def _built_here(*layer_idx):
+    """Build under this: on the meta device when this rank's pipeline stage holds none of ``layer_idx``."""
+    return contextlib.nullcontext() if any(dist.holds_layer(i) for i in layer_idx) else torch.device("meta")
+
+
+def _embedding_layer_idx() -> int:
+    """The word embeddings' stage: the first (layer 0); on the last stage's ranks, its copy for the tied
+    output layer (layer -1)."""
+    return 0 if dist.holds_layer(0) or not dist.holds_layer(-1) else -1
 
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention over ``[mem; x]``; returns ``residual + dropout(dense(context))``."""
 
-    def __init__(self, config: GLMConfig, output_init):
+    def __init__(self, config: GLMConfig, output_init, layer_idx: int = 0):
         super().__init__()
         self.heads = nn.heads_per_rank(config.num_attention_heads)  # this rank's heads
         self.head_dim = config.head_dim
         # Q|K|V thirds, split per third (stride 3) so each rank holds [Q_r; K_r; V_r], upstream's mp_rank layout.
         self.query_key_value = nn.Linear1D(
             config.hidden_size, 3 * config.hidden_size, parallel="col", init_method=_normal_(config.init_method_std),
-            stride=3,
+            stride=3, layer_idx=layer_idx,
         )
-        self.dense = _row(config.hidden_size, config.hidden_size, output_init)
+        self.dense = _row(config.hidden_size, config.hidden_size, output_init, layer_idx)
         self.attention_dropout = config.attention_dropout_prob
         self.output_dropout = config.output_dropout_prob
         self.attend = ATTENTION_IMPLS[config.attention_impl]
@@ -116,11 +136,11 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """h -> 4h (or ``intermediate_size``), tanh GELU, back to h; returns ``residual + dropout(mlp(x))``."""
 
-    def __init__(self, config: GLMConfig, output_init):
+    def __init__(self, config: GLMConfig, output_init, layer_idx: int = 0):
         super().__init__()
         h, inner = config.hidden_size, config.ffn_hidden_size
-        self.dense_h_to_4h = _column(h, inner, _normal_(config.init_method_std))
-        self.dense_4h_to_h = _row(inner, h, output_init)
+        self.dense_h_to_4h = _column(h, inner, _normal_(config.init_method_std), layer_idx)
+        self.dense_4h_to_h = _row(inner, h, output_init, layer_idx)
         self.dropout = config.output_dropout_prob
 
     def forward(self, x, residual):
@@ -131,12 +151,12 @@ class MLP(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, config: GLMConfig, output_init):
+    def __init__(self, config: GLMConfig, output_init, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-        self.attention = SelfAttention(config, output_init)
+        self.attention = SelfAttention(config, output_init, layer_idx)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-        self.mlp = MLP(config, output_init)
+        self.mlp = MLP(config, output_init, layer_idx)
 
     def forward(self, x, visible, mem=None, cache=None, layer_index=0):
         mem = self.input_layernorm(mem) if mem is not None else None
@@ -160,7 +180,10 @@ class GLMTransformer(nn.Module):
         self.embedding_dropout = nn.Dropout(config.embedding_dropout_prob)
         # Residual-branch outputs start smaller, N(0, std / sqrt(2 L)), as in GPT-2 / Megatron.
         output_init = _normal_(config.init_method_std / math.sqrt(2.0 * config.num_layers))
-        self.layers = nn.ModuleList(TransformerLayer(config, output_init) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList()
+        for index in range(config.num_layers):
+            with _built_here(index):  # another pipeline stage's layer: meta, never initialised
+                self.layers.append(TransformerLayer(config, output_init, layer_idx=index))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
 
     def forward(self, hidden, position_ids, attention_mask, mems=(), return_memory=False):
@@ -239,10 +262,13 @@ class GLMModel(nn.Module):
     def __init__(self, config: GLMConfig):
         super().__init__()
         self.config = config
-        # Vocab-split over tensor-parallel ranks (one table in one process).
-        self.word_embeddings = nn.VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, init_method=_normal_(config.init_method_std)
-        )
+        # Vocab-split over tensor-parallel ranks (one table in one process); on the first and the last
+        # pipeline stages (input and tied output), on the meta device elsewhere.
+        with _built_here(0, -1):
+            self.word_embeddings = nn.VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, layer_idx=_embedding_layer_idx(),
+                init_method=_normal_(config.init_method_std),
+            )
         self.transformer = GLMTransformer(config)
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
         self.register_load_state_dict_pre_hook(strip_hf_prefix)

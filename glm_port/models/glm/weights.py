@@ -428,7 +428,9 @@ def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **ov
 
     ``tensor_parallel`` (an object with ``size`` and ``rank``; the layout already set up by shim's
     ``setup_layout``): the model is built with its layers split, and each rank reads and copies in only
-    its own slices (Megatron's layout, which shim's split layers hold locally).
+    its own slices (Megatron's layout, which shim's split layers hold locally). Its ``pipeline`` (a
+    ``glm_port.distributed.PipelineStage``, or None): only that stage's layers are built and read, split
+    over the stage's tensor-parallel group when ``size > 1``; the rest stay on the meta device.
     """
     source = find_source(path)
     config = source_config(source, overrides)
@@ -436,31 +438,35 @@ def load_model(cls, path, *, dtype=None, device=None, tensor_parallel=None, **ov
     tp_rank = getattr(tensor_parallel, "rank", 0)
     pipeline = getattr(tensor_parallel, "pipeline", None)
     dtype = _dtype(dtype)
+    keep = None
     if pipeline is not None:
-        if tp_size > 1:
-            raise WeightsError("pipeline and tensor parallel together are not available for generation yet")
         given = pipeline.layout.pipeline_num_layers
         if given not in (pipeline.stages, config.num_layers):  # the layout's default is one layer a stage
             raise WeightsError(f"--pipeline-num-layers {given} must equal the model's {config.num_layers} layers")
         if config.num_layers < pipeline.stages:
             raise WeightsError(f"{config.num_layers} layers do not fill {pipeline.stages} pipeline stages")
+        # The split layers find their stage's mesh by layer index: the layout learns the model's layer count.
+        import shim.distributed as dist
+
+        dist.set_pipeline_num_layers(config.num_layers)
         pipeline = type(pipeline)(pipeline.layout, config.num_layers)
-        with torch.device("meta"):  # other stages' weights stay on the meta device, never read
+        keep = stage_weights(pipeline)  # other stages' weights are never read
+    if tp_size == 1:
+        with torch.device("meta"):  # every weight is replaced as it is read; other stages' stay meta
             model = cls(config)
-        load_state(model, source, dtype=dtype, device=device, keep=stage_weights(pipeline))
-        model.pipeline = pipeline
-        model.run_device = torch.device(device or "cpu")
-    elif tp_size == 1:
-        with torch.device("meta"):
-            model = cls(config)
-        load_state(model, source, dtype=dtype, device=device, tp_size=1, tp_rank=0)
+        load_state(model, source, dtype=dtype, device=device, tp_size=1, tp_rank=0, keep=keep)
     else:
         # DTensor parameters cannot be swapped for plain tensors: build them split, copy the slices in.
+        # Under pipeline stages the model builds other stages' layers on the meta device itself.
         with torch.device(device or "cpu"):
             model = cls(config)
-        load_state(model, source, dtype=None, device=device, tp_size=tp_size, tp_rank=tp_rank, assign=_copy_local)
+        load_state(model, source, dtype=None, device=device, tp_size=tp_size, tp_rank=tp_rank, assign=_copy_local,
+                   keep=keep)
         if dtype is not None:
             model.to(dtype)
+    if pipeline is not None:
+        model.pipeline = pipeline
+        model.run_device = torch.device(device or "cpu")
     model.eval()
     model.source = source
     return model

@@ -1,6 +1,6 @@
 """Run a script as if some packages were not installed.
 
-    python -m migrate.without apex,deepspeed pretrain_glm.py --flags ...
+    python -m harness.without apex,deepspeed pretrain_glm.py --flags ...
 
 ``glm-migrate --verify`` runs the migrated tree this way, so a pass shows that it needs
 neither apex nor DeepSpeed even on a machine that has them: importing a listed package
@@ -16,7 +16,7 @@ from pathlib import Path
 
 def main() -> None:
     if len(sys.argv) < 3:
-        sys.exit("usage: python -m migrate.without PKG[,PKG...] SCRIPT [ARGS...]")
+        sys.exit("usage: python -m harness.without PKG[,PKG...] SCRIPT [ARGS...]")
     for name in sys.argv[1].split(","):
         sys.modules[name] = None  # the import system's own marker for "cannot be imported"
     script = Path(sys.argv[2]).resolve()

@@ -1,15 +1,15 @@
 """Check a migration end to end against a THUDM/GLM checkout.
 
     glm-migrate --verify /path/to/GLM [--iters 20] [--modes 1 dp2 tp2]
-    python -m migrate.verify /path/to/GLM ...
+    python -m harness.verify /path/to/GLM ...
 
 The checkout is copied to a scratch directory and migrated there. The migrated
-tree is checked statically (no apex import left, no ``mpu.vocab_parallel_cross_entropy``
-call outside ``mpu/``, every file compiles, data files byte for byte, a second
-migration changes nothing). Then, for each mode, upstream's ``pretrain_glm.py``
-trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
+tree is checked statically (what the ``[[forbid]]`` tables of ``rules/`` list: no apex
+import left, no ``mpu.vocab_parallel_cross_entropy`` call outside ``mpu/``; every file
+compiles, data files byte for byte, a second migration changes nothing). Then, for each
+mode, upstream's ``pretrain_glm.py`` trains a tiny GLM (2 layers, hidden 64, dropout 0, seed 1234, fp32, CPU) twice:
 the original under ``glm-mock``, the migrated tree with no mock and with apex and
-DeepSpeed unimportable (``migrate.without``), installed or not. The ``lm loss``
+DeepSpeed unimportable (``harness.without``), installed or not. The ``lm loss``
 each prints per iteration (``X.XXXXXXE+00``, 7 significant digits) must agree
 within ``--rtol``; a table shows both, and the time per iteration of each.
 Last, the migrated ``mpu/tests`` scripts run under torchrun with two processes.
@@ -39,19 +39,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from migrate.mock import environ as mock_env
-from migrate.mock import selfcheck
+from harness import upstream as up
+from harness.upstream import ELAPSED, ported_env
+from migrate.rules import Forbid, load_tables
 from migrate.runner import MANIFEST, Options, migrate_tree, run
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODES = {"1": (1, 1), "dp2": (2, 1), "tp2": (2, 2)}  # name -> (processes, model-parallel size)
 MODE_TITLES = {"1": "one process", "dp2": "torchrun 2, data parallel", "tp2": "torchrun 2, --model-parallel-size 2"}
 # Dropout off so both runs draw nothing random after initialisation; everything else as the mock's selfcheck.
 EXTRA_FLAGS = ["--hidden-dropout", "0", "--attention-dropout", "0"]
-# The migrated tree runs with these made unimportable (migrate.without), installed or not.
+# The migrated tree runs with these made unimportable (harness.without), installed or not.
 ABSENT = "apex,amp_C,deepspeed"
-PORTED_LAUNCH = ["-m", "migrate.without", ABSENT, "pretrain_glm.py"]
-ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+PORTED_LAUNCH = ["-m", "harness.without", ABSENT, "pretrain_glm.py"]
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]: ?")  # torchrun may prefix each line of a rank's output
 # ``Name: message`` (no space in the name), or a bare name that reads as an exception
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*: \S.*|[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))$")
@@ -132,6 +131,7 @@ def relative(a: float, b: float) -> float:
 def static_problems(src: Path, dst: Path) -> list[str]:
     """What the issue demands of the migrated tree itself; an empty list when all holds."""
     problems = []
+    forbidden = load_tables().forbid  # the [[forbid]] entries of rules/*.toml
     for path in sorted(dst.rglob("*")):
         rel = path.relative_to(dst)
         if not path.is_file() or rel.name in ("migration_report.json", "MIGRATION_REPORT.md", MANIFEST):
@@ -152,19 +152,23 @@ def static_problems(src: Path, dst: Path) -> list[str]:
                 problems.append(f"{rel}: does not compile: {exc.msg} (line {exc.lineno})")
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "apex" for a in node.names):
-                problems.append(f"{rel}:{node.lineno}: apex import left")
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex" and not node.level:
-                problems.append(f"{rel}:{node.lineno}: apex import left")
-            elif (isinstance(node, ast.Call) and _called_name(node) == "vocab_parallel_cross_entropy"
-                  and rel.parts[0] != "mpu"):  # fmt: skip
-                problems.append(f"{rel}:{node.lineno}: vocab_parallel_cross_entropy call left outside mpu/")
+            problems += [f"{rel}:{node.lineno}: {f.message}" for f in forbidden if _forbidden(f, node, rel)]
     originals = (p.relative_to(src) for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     problems += [f"{rel}: not in the migrated tree" for rel in sorted(originals) if not (dst / rel).exists()]
     _, _, again = migrate_tree(Options(src=dst, quiet=True))
     if again["changes"]:
         problems.append(f"a second migration would make {again['changes']} more changes")
     return problems
+
+
+def _forbidden(forbid: Forbid, node: ast.AST, rel: Path) -> bool:
+    """Whether ``node`` (in the migrated file ``rel``) is what ``forbid`` says must not be left."""
+    if forbid.what == "import":
+        if isinstance(node, ast.Import):
+            return any(a.name.split(".")[0] == forbid.name for a in node.names)
+        return isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == forbid.name \
+            and not node.level
+    return isinstance(node, ast.Call) and _called_name(node) == forbid.name and rel.parts[0] != forbid.outside
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -180,23 +184,14 @@ def _compiles(path: Path) -> bool:
     return True
 
 
-def ported_env() -> dict:
-    """The environment with glm-mock off (if the caller had it on) and shim importable."""
-    env = mock_env.apply(dict(os.environ), mock_env.disable_changes(os.environ))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-    env["GLM_MOCK_DISABLE"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
 def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, launch: list[str], extra=()) -> Run:
     """``launch`` (``pretrain_glm.py``, or a runner module and its arguments before it) with the
     tiny flags in ``tree``, as ``mode`` says; its printed losses and times."""
     nproc, model_parallel = MODES[mode]
-    flags = list(selfcheck.PRETRAIN_FLAGS)
+    flags = list(up.PRETRAIN_FLAGS)
     flags[flags.index("--model-parallel-size") + 1] = str(model_parallel)
     flags += [*EXTRA_FLAGS, "--train-iters", str(iters), *extra]
-    port = str(selfcheck.free_port())
+    port = str(up.free_port())
     env = dict(env)
     if nproc == 1:
         env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -205,8 +200,8 @@ def pretrain(tree: Path, env: dict, mode: str, iters: int, timeout: int, launch:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_addr", "127.0.0.1", "--master_port", port, *launch, *flags]  # fmt: skip
     log = tree.parent / f"{tree.name}.{mode}.log"
-    code, text = selfcheck._run(cmd, tree, env, log, timeout)
-    losses = [float(x) for x in selfcheck.LOSS.findall(text)]
+    code, text = up.run_upstream(cmd, tree, env, log, timeout)
+    losses = [float(x) for x in up.LOSS.findall(text)]
     return Run(code, losses, [float(x) for x in ELAPSED.findall(text)], log, failure_cause(code, text) if code else "")
 
 
@@ -216,23 +211,25 @@ def mpu_test(tree: Path, script: str, timeout: int) -> tuple[str, str]:
     env = ported_env()
     env["PYTHONPATH"] = os.pathsep.join((str(tree), env["PYTHONPATH"]))  # the scripts import `mpu` from the root
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(selfcheck.free_port()),
-           "-m", "migrate.without", ABSENT, f"mpu/tests/{script}"]  # fmt: skip
+           "--master_addr", "127.0.0.1", "--master_port", str(up.free_port()),
+           "-m", "harness.without", ABSENT, f"mpu/tests/{script}"]  # fmt: skip
     log = tree.parent / f"{tree.name}.mpu_{Path(script).stem}.log"
-    code, text = selfcheck._run(cmd, tree, env, log, timeout)
+    code, text = up.run_upstream(cmd, tree, env, log, timeout)
     passed = text.count(">> passed the test")
     if code == 0:
         return "PASS", f"{passed} '>> passed the test' lines"
-    defect = selfcheck.UPSTREAM_DEFECTS.get(script)
+    defect = up.UPSTREAM_DEFECTS.get(script)
     if defect and defect in text:
         return "UPSTREAM", f"{defect} (upstream's own; after {passed} '>> passed the test' lines)"
     return "FAIL", f"{failure_cause(code, text)} (log: {log})"
 
 
-def prepare(upstream: Path, workdir: Path, vocab: Path) -> tuple[Path, Path]:
-    """(original, ported): a runnable copy of the checkout and its migration, side by side."""
-    original = selfcheck.prepare_tree(upstream, workdir, vocab)
-    selfcheck.ensure_corpus(original / ".pytorch_pretrained_bert" / selfcheck.VOCAB_NAME)
+def prepare(upstream: Path, workdir: Path, vocab: Path | None = None) -> tuple[Path, Path]:
+    """(original, ported): a runnable copy of the checkout and its migration, side by side, and the
+    corpus where the checkout reads it. ``vocab``: see :func:`harness.find_vocab` (only if the checkout
+    lacks its own)."""
+    original = up.prepare_tree(upstream, workdir, vocab)
+    up.checkout_corpus(original)
     ported = workdir / "GLM-ported"
     code = run(Options(src=original, dst=ported, force=True, quiet=True))
     if code not in (0, 1):  # 1: a file that does not parse, copied as it is (the static checks look at it)
@@ -272,8 +269,8 @@ def parser() -> argparse.ArgumentParser:
                    help="1: one process; dp2: torchrun, 2 data-parallel ranks; tp2: --model-parallel-size 2")
     p.add_argument("--no-mpu-tests", action="store_true", help="skip the migrated mpu/tests scripts")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per printed loss (default 1e-4)")
-    p.add_argument("--vocab", type=Path, default=selfcheck.DEFAULT_VOCAB,
-                   help=f"the {selfcheck.VOCAB_NAME} to use if the checkout lacks one")
+    p.add_argument("--vocab", type=Path, help=f"BERT's {up.VOCAB_NAME} (or a directory holding it) to use if "
+                   f"the checkout lacks one (default: ${up.VOCAB_ENV})")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary one); logs stay there")
     p.add_argument("--timeout", type=int, default=900, help="seconds allowed per training run")
     return p
@@ -287,13 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.iters < 2:
         p.error("--iters must be 2 or more")
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="glm-migrate-verify-"))).resolve()
-    original, ported = prepare(args.upstream.resolve(), workdir, args.vocab)
+    try:
+        original, ported = prepare(args.upstream.resolve(), workdir, args.vocab)
+    except up.HarnessError as exc:
+        p.error(str(exc))
     problems = static_problems(original, ported)
     print(f"migrated {original} -> {ported}: " + ("all static checks hold" if not problems else "PROBLEMS"))
     for problem in problems:
         print(f"  - {problem}")
 
-    mocked = selfcheck._mock_env("")
+    mocked = up.mock_env("")
     comparisons = []
     for mode in tqdm(args.modes, desc="verify", unit="mode", disable=None):  # None: no bar unless a terminal
         orig_run = pretrain(original, mocked, mode, args.iters, args.timeout, ["pretrain_glm.py"])
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         comparisons.append(Comparison(mode, orig_run, port_run, args.rtol))
         tqdm.write(table(comparisons[-1]) + "\n")
     failed = (["static checks"] if problems else []) + [c.mode for c in comparisons if not c.ok]
-    scripts = [] if args.no_mpu_tests else selfcheck.MPU_TESTS
+    scripts = [] if args.no_mpu_tests else up.MPU_TESTS
     for script in tqdm(scripts, desc="mpu/tests", unit="script", disable=None):
         status, detail = mpu_test(ported, script, args.timeout)
         tqdm.write(f"{status:<8}  migrated mpu/tests/{script} (torchrun 2, no mock): {detail}")
