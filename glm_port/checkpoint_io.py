@@ -11,7 +11,9 @@ Each file is a dict with ``'module'`` (the model's state dict, upstream's key na
 weights load as well.
 
 A save goes to a hidden temporary directory that is renamed into place, and the tracker file is
-replaced last, so an interrupted save leaves the previous checkpoint as the latest one.
+replaced last (each written file flushed and fsynced, then its directory), so an interrupted save leaves the
+previous checkpoint as the latest one; what a killed save left behind is cleared by the next save or load.
+A latest checkpoint that cannot be read is reported with the newest intact one before it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import pickle
 import random
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +85,7 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
     staging = save_dir / f".tmp-{iteration}"
     if dist.get_rank() == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted save
+        clear_interrupted_saves(save_dir)
         staging.mkdir()
     dist.barrier()
     if writer:
@@ -111,11 +114,32 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
         os.replace(staging, final)
         shutil.rmtree(previous, ignore_errors=True)
         tracker_tmp = save_dir / f".{TRACKER}.tmp"
-        tracker_tmp.write_text(str(iteration))
+        with open(tracker_tmp, "w") as f:
+            f.write(str(iteration))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tracker_tmp, save_dir / TRACKER)
         _fsync_dir(save_dir)
     dist.barrier()
     return final
+
+
+def clear_interrupted_saves(save_dir: Path) -> None:
+    """Remove what a save killed midway (``kill -9``) left in ``save_dir``: staging ``.tmp-N`` directories and
+    the tracker's temporary file. An ``.old-N`` copy is put back as ``N`` if the kill came between the swap's
+    two renames, and dropped otherwise."""
+    for entry in save_dir.glob(".tmp-*"):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    (save_dir / f".{TRACKER}.tmp").unlink(missing_ok=True)
+    for entry in save_dir.glob(".old-*"):
+        final = save_dir / entry.name[len(".old-"):]
+        if entry.is_dir() and not final.exists():
+            os.replace(entry, final)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _tracker():
@@ -132,11 +156,38 @@ def find_checkpoint(load: str | os.PathLike, tp_rank: int = 0) -> Path:
     if load.is_file():
         return load
     tracker = load / TRACKER
-    directory = load / tracker.read_text().strip() if tracker.is_file() else load
+    directory = load
+    if tracker.is_file():
+        tracked = tracker.read_text().strip()
+        if not tracked.isdigit():
+            raise CheckpointError(f"--load {load}: {tracker} holds {tracked[:20]!r}, not an iteration"
+                                  f"{_previous_good(load, None, tp_rank)}")
+        directory = load / tracked
     path = directory / model_file_name(tp_rank)
     if not path.is_file():
-        raise CheckpointError(f"--load {load}: no checkpoint there ({path} not found)")
+        hint = _previous_good(load, int(directory.name), tp_rank) if tracker.is_file() else ""
+        raise CheckpointError(f"--load {load}: no checkpoint there ({path} not found){hint}")
     return path
+
+
+def _is_intact(path: Path) -> bool:
+    """Whether ``path`` is a whole ``torch.save`` file: a zip archive whose every member passes its CRC."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def _previous_good(root: Path, latest: int | None, tp_rank: int) -> str:
+    """``"; the previous checkpoint ... is intact: --load DIR"`` for the newest intact one before ``latest``, or ``""``."""
+    iterations = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir()), reverse=True)
+    for iteration in iterations:
+        if latest is not None and iteration >= latest:
+            continue
+        if _is_intact(root / str(iteration) / model_file_name(tp_rank)):
+            return f"; the previous checkpoint, iteration {iteration}, is intact: --load {root / str(iteration)}"
+    return ""
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -189,8 +240,15 @@ def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None
 def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=None, grad_scaler=None,
                     load_optimizer: bool = True, load_rng: bool = True) -> int:
     """Load ``--load`` into ``model`` (and the training state when present); returns the iteration."""
+    load = Path(load)
+    if dist.get_rank() == 0 and load.is_dir() and (load / TRACKER).is_file():
+        clear_interrupted_saves(load)  # resuming where a killed save left debris
     path = find_checkpoint(load, tp_rank)
-    sd = read_checkpoint(path)
+    try:
+        sd = read_checkpoint(path)
+    except CheckpointError as error:
+        tracked = load.is_dir() and (load / TRACKER).is_file()
+        raise CheckpointError(f"{error}{_previous_good(load, int(path.parent.name), tp_rank) if tracked else ''}") from None
     target = local_state_dict(model)
     weights = _keyed_as(model_weights(sd), target)  # this rank's shards under tensor parallel, as upstream's files hold
     tp_size = tensor_parallel_size()

@@ -1,5 +1,5 @@
 """Helpers the test directories share; a test module imports them with ``from ..conftest import NAME``
-(files that also run as scripts, as ``tests/dist/conftest.py`` does, import from the package named).
+(files that also run as scripts, as ``tests/distributed/conftest.py`` does, import from the package named).
 
 - :func:`free_port`: a free TCP port on 127.0.0.1 for MASTER_PORT / ``torchrun --master_port``; the
   one implementation is ``harness.free_port``, which the harness and the benches use too.

@@ -91,7 +91,9 @@ def _json_documents(path: Path, text_key: str, prompt_key: str) -> Iterator[tupl
             try:
                 records = json.loads(_decode(f.read(), str(path)))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not a JSON array of records ({e.msg}, line {e.lineno})") from None
+                raise ValueError(
+                    f"{path}:{e.lineno}: not a JSON array of records ({e.msg}: line {e.lineno} column {e.colno})"
+                ) from None
             size = path.stat().st_size
             for i, record in enumerate(records):
                 text = _document(record, f"{path}[{i}]", text_key, prompt_key)
@@ -108,18 +110,30 @@ def _json_documents(path: Path, text_key: str, prompt_key: str) -> Iterator[tupl
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not a JSON line ({e.msg})") from None
+                # e.msg alone can end mid-sentence ("Invalid control character at"): give the column too
+                raise ValueError(f"{path}:{line_no}: not a JSON line ({e.msg}: column {e.colno})") from None
             text = _document(record, f"{path}:{line_no}", text_key, prompt_key)
             if text.strip():
                 yield text, read
 
 
 def _document(record, where: str, text_key: str, prompt_key: str) -> str:
-    """A record's optional prompt followed by its text."""
+    """A record's optional prompt followed by its text; both must be strings (a prompt may be absent or null)."""
     if not isinstance(record, dict) or text_key not in record:
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{where}: no {text_key!r} field (has: {keys}); choose text_key")
-    return str(record.get(prompt_key) or "") + str(record[text_key])
+        raise ValueError(f"{where}: no {text_key!r} field (has: {keys}); name the text field with --text-key")
+    prompt = record.get(prompt_key)
+    for key, value in ((text_key, record[text_key]), (prompt_key, prompt if prompt is not None else "")):
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: {key!r} is {_json_type(value)}, not a string")
+    return prompt + record[text_key] if prompt else record[text_key]
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    return f"{kind.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})"
 
 
 def _file_sha256(path: Path) -> str:

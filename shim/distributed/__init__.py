@@ -32,6 +32,7 @@ from shim.distributed.collectives import (  # noqa: F401 (exported)
     barrier,
     broadcast,
     broadcast_object_list,
+    destroy_process_group,
     gather,
     gather_object,
     get_rank,

@@ -11,10 +11,13 @@ rank is 0 and the world size 1. ``new_group`` then returns a
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
+import gc
 import inspect
 import os
+import sys
 
 import torch
 import torch.distributed as _dist
@@ -30,6 +33,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "destroy_process_group",
     "gather",
     "gather_object",
     "get_rank",
@@ -214,6 +218,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     - A world of one (``world_size`` 1, or unset with ``WORLD_SIZE`` unset or 1)
       rendezvous through an in-memory store: no free port, no ``MASTER_ADDR``,
       no launcher needed.
+    - On gloo, the groups are destroyed at exit (``atexit``, before the interpreter finalizes) when
+      the script never calls ``destroy_process_group``, as GLM's scripts do not: a gloo group freed
+      during finalization wakes its workers, which drop their last work's tensors under a GIL that
+      is being torn down, and the rank dies with SIGABRT ("terminate called without an active
+      exception"). Groups the script itself still references (e.g. mpu's globals) stay until then.
     """
     if backend is not None and "nccl" in str(backend) and not torch.cuda.is_available():
         backend = "gloo"
@@ -230,3 +239,48 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         store=store,
         **kwargs,
     )
+    if _dist.get_backend() == "gloo":
+        _destroy_at_exit_once()
+
+
+@functools.cache
+def _destroy_at_exit_once() -> None:
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    if _dist.is_initialized():
+        destroy_process_group()
+
+
+def destroy_process_group(group=None) -> None:
+    """``torch.distributed.destroy_process_group``, after which the groups' threads are really gone.
+
+    torch drops its own references, but every ``DeviceMesh`` keeps its dims' groups in
+    ``_pg_registry``, and DTensor's sharding and redistribute caches keep the meshes: after a
+    DTensor collective, torch's call leaves each gloo group alive, two ``pt_gloo_runloop`` and one
+    ``gloo_tcp_loop`` thread apiece, until interpreter shutdown. A thread that then touches a
+    Python object is ended by the finalizing interpreter (``pthread_exit``) inside a ``noexcept``
+    frame: "terminate called without an active exception", SIGABRT at exit, now and then. Here
+    the meshes let go of the destroyed groups, so they are freed (threads joined) at this call.
+    """
+    whole_world = group is None or group is _dist.GroupMember.WORLD
+    destroyed = set(_dist.distributed_c10d._world.pg_map) if whole_world else {group}
+    _dist.destroy_process_group(group)
+    layout = sys.modules.get("shim.distributed.layout")  # loaded once a layout may exist (layout imports us)
+    if whole_world and layout is not None:
+        layout.reset_layout()  # its meshes name groups that no longer exist
+    _forget_in_device_meshes(destroyed)
+
+
+def _forget_in_device_meshes(groups) -> None:
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    if device_mesh is None or not groups:
+        return  # no mesh was ever built
+    mesh_type = device_mesh.DeviceMesh
+    for obj in gc.get_objects():
+        if type(obj) is mesh_type:
+            registry = getattr(obj, "_pg_registry", None) or {}
+            for name in [name for name, pg in registry.items() if pg in groups]:
+                del registry[name]
+    gc.collect()

@@ -1,5 +1,8 @@
 """Checkpoints: upstream's layout, atomic saves, exact resume, upstream/HF weights, clear errors."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -155,3 +158,106 @@ def test_missing_and_empty_checkpoint_paths(tmp_path):
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         load_checkpoint(tmp_path / "garbage.pt", model)
+
+
+def test_debris_of_a_killed_save_is_cleared_by_the_next_save_and_load(tmp_path):
+    """``kill -9`` during a save leaves a staging ``.tmp-N`` (a 0-byte file in it, or a 0-byte ``.tmp-N``)."""
+    model, *_ = fresh()
+    save_checkpoint(tmp_path, 1, model.state_dict(), config=TINY)
+
+    def debris():
+        (tmp_path / ".tmp-2").mkdir()
+        (tmp_path / ".tmp-2" / "mp_rank_00_model_states.pt").write_bytes(b"")
+        (tmp_path / ".tmp-9").write_bytes(b"")
+        (tmp_path / f".{TRACKER}.tmp").write_bytes(b"")
+
+    debris()
+    save_checkpoint(tmp_path, 3, model.state_dict(), config=TINY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "3", TRACKER]
+    debris()
+    load_checkpoint(tmp_path, GLMModel(TINY))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "3", TRACKER]
+    # Killed between the two renames of re-saving iteration 3: the old copy is put back, not dropped.
+    os.replace(tmp_path / "3", tmp_path / ".old-3")
+    assert load_checkpoint(tmp_path, GLMModel(TINY)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "3", TRACKER]
+
+
+def test_corrupt_or_missing_latest_points_at_the_previous_intact_one(tmp_path):
+    model, *_ = fresh()
+    for iteration in (1, 2, 3):
+        save_checkpoint(tmp_path, iteration, model.state_dict(), config=TINY)
+    for iteration in (2, 3):
+        file = tmp_path / str(iteration) / "mp_rank_00_model_states.pt"
+        file.write_bytes(file.read_bytes()[:-100])  # 2 is damaged too: the hint skips it
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path, GLMModel(TINY))
+    assert str(error.value).endswith(f"; the previous checkpoint, iteration 1, is intact: --load {tmp_path / '1'}")
+    (tmp_path / TRACKER).write_text("7")
+    with pytest.raises(CheckpointError, match="no checkpoint there .*; the previous checkpoint, iteration 1, is"):
+        load_checkpoint(tmp_path, GLMModel(TINY))
+    (tmp_path / "1" / "mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path, GLMModel(TINY))
+    assert "previous" not in str(error.value)  # none left to point at
+
+
+def test_model_parallel_rng_tracker_state_is_saved_and_restored(tmp_path):
+    """Tensor-parallel attention dropout draws from the tracker's stream: resuming must replay it too."""
+    from shim.checkpointing import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+
+    tracker = get_cuda_rng_tracker()
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        with tracker.fork():
+            torch.rand(5)  # the stream has moved on from its seed
+        model, *_ = fresh()
+        save_checkpoint(tmp_path, 1, model.state_dict(), config=TINY)
+        with tracker.fork():
+            expected = torch.rand(5)
+        model_parallel_cuda_manual_seed(99)
+        load_checkpoint(tmp_path, GLMModel(TINY))
+        with tracker.fork():
+            assert torch.equal(torch.rand(5), expected)
+    finally:
+        tracker.reset()
+
+
+def test_tracker_file_is_published_last_by_rename(tmp_path, monkeypatch):
+    """The tracker names an iteration only once its directory is complete, and is never written in place."""
+    model, *_ = fresh()
+    save_checkpoint(tmp_path, 1, model.state_dict(), config=TINY)
+    published = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == tmp_path / TRACKER:
+            assert (tmp_path / TRACKER).read_text() == "1", "the tracker changed before its rename"
+            assert (tmp_path / "2" / "mp_rank_00_model_states.pt").is_file(), "published before the directory"
+            assert not (tmp_path / ".tmp-2").exists()
+            published.append(Path(src).read_text())
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    save_checkpoint(tmp_path, 2, model.state_dict(), config=TINY)
+    assert published == ["2"] and (tmp_path / TRACKER).read_text() == "2"
+
+
+def test_save_flushes_and_fsyncs_the_file_and_the_directories(tmp_path, monkeypatch):
+    model, *_ = fresh()
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.append((st.st_ino, st.st_size))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    save_checkpoint(tmp_path, 4, model.state_dict(), config=TINY)
+    file = os.stat(tmp_path / "4" / "mp_rank_00_model_states.pt")
+    assert (file.st_ino, file.st_size) in synced  # synced whole: flushed before the fsync
+    tracker = os.stat(tmp_path / TRACKER)
+    assert (tracker.st_ino, tracker.st_size) == (tracker.st_ino, 1) and (tracker.st_ino, 1) in synced
+    directories = {os.stat(tmp_path).st_ino, os.stat(tmp_path / "4").st_ino}  # the renames, and the tracker's
+    assert directories <= {ino for ino, _ in synced}

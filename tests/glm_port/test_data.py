@@ -62,7 +62,7 @@ def test_corpus_errors_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="empty.txt: no text"):
         load_corpus(empty, TOK)
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"text": "ok"}, {"content": "no text here"}])
-    with pytest.raises(ValueError, match="bad.jsonl:2: no 'text' field \\(has: content\\)"):
+    with pytest.raises(ValueError, match="bad.jsonl:2: no 'text' field \\(has: content\\); name the text field with --text-key"):
         load_corpus(bad, TOK)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "ok"}\n{"text": \n')
@@ -76,6 +76,38 @@ def test_corpus_errors_are_one_line(tmp_path):
     latin.write_bytes("caf\u00e9".encode("latin-1"))
     with pytest.raises(ValueError, match="latin.txt: not UTF-8 text"):
         load_corpus(latin, TOK)
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"text": None}, "'text' is null, not a string"),
+    ({"text": 42}, "'text' is a number \\(42\\), not a string"),
+    ({"text": ["a", "b"]}, "'text' is a list \\(\\[\"a\", \"b\"\\]\\), not a string"),
+    ({"text": {"a": 1}}, "'text' is an object \\(\\{\"a\": 1\\}\\), not a string"),
+    ({"text": "ok", "prompt": 7}, "'prompt' is a number \\(7\\), not a string"),
+])
+def test_non_string_text_is_an_error_naming_file_line_and_key(tmp_path, record, message):
+    """Not trained as the strings "None" / "42": the record's file, line and key are named."""
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "fine"}, record])
+    with pytest.raises(ValueError, match=f"c.jsonl:2: {message}$"):
+        load_corpus(data, TOK, cache=False)
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps([{"text": "fine"}, record]))
+    with pytest.raises(ValueError, match=f"a.json\\[1\\]: {message}$"):
+        load_corpus(array, TOK, cache=False)
+    assert list(read_documents(write_jsonl(tmp_path / "n.jsonl", [{"text": "x", "prompt": None}]))) == ["x"]
+
+
+def test_json_errors_are_shown_whole_with_file_and_line(tmp_path):
+    control = tmp_path / "control.jsonl"
+    control.write_text('{"text": "ok"}\n{"text": "tab\there"}\n')  # a raw tab inside a JSON string
+    with pytest.raises(ValueError) as error:
+        load_corpus(control, TOK, cache=False)
+    assert str(error.value) == f"{control}:2: not a JSON line (Invalid control character at: column 14)"
+    array = tmp_path / "array.json"
+    array.write_text('[{"text": "ok"},\n {"text": "no end}]\n')
+    with pytest.raises(ValueError) as error:
+        load_corpus(array, TOK, cache=False)
+    assert str(error.value) == f"{array}:2: not a JSON array of records (Invalid control character at: line 2 column 20)"
 
 
 def test_corpus_concatenates_files_in_order(tmp_path):

@@ -70,7 +70,12 @@ def test_sep_mask_scalar_and_memory():
     mask = visibility_mask(torch.tensor(3), batch_size=2, query_length=4, memory_length=2)
     assert mask.shape == (2, 1, 4, 6)
     assert mask[:, :, :, :2].all()  # memory is always visible
-    assert torch.equal(mask[0, 0, :, 2:], visibility_mask(torch.tensor([3]), 1, 4)[0, 0])
+    # sep 3 over 4 queries, written out: columns 0-2 (Part A) visible to every row, then causal
+    expected = torch.tensor([[1, 1, 1, 0],
+                             [1, 1, 1, 0],
+                             [1, 1, 1, 0],
+                             [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[0, 0, :, 2:], expected) and torch.equal(mask[1, 0, :, 2:], expected)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
@@ -97,23 +102,24 @@ def test_model_sdpa_equals_explicit_formula_with_grads():
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def reference_forward(sd, config, ids, positions, sep):
+def _gelu_upstream(t):  # upstream's gelu_impl (OpenAI's tanh approximation)
+    return 0.5 * t * (1.0 + torch.tanh(0.7978845608028654 * t * (1.0 + 0.044715 * t * t)))
+
+
+def reference_forward(sd, config, ids, positions, sep, gelu=_gelu_upstream):
     """GLM's forward written out from the math, straight from a state dict in upstream's layout."""
     h, n = config.hidden_size, config.num_attention_heads
     x = sd["word_embeddings.weight"][ids]
     x = x + sd["transformer.position_embeddings.weight"][positions[:, 0]]
     x = x + sd["transformer.block_position_embeddings.weight"][positions[:, 1]]
     s = ids.size(1)
-    mask = torch.ones(s, s).tril().expand(ids.size(0), s, s).clone()
+    mask = torch.ones(s, s, dtype=sd["word_embeddings.weight"].dtype).tril().expand(ids.size(0), s, s).clone()
     for b, sep_b in enumerate(sep.tolist()):
         mask[b, :, :sep_b] = 1
     mask = mask.unsqueeze(1)
 
     def ln(t, prefix):
         return torch.nn.functional.layer_norm(t, (h,), sd[prefix + ".weight"], sd[prefix + ".bias"], 1e-5)
-
-    def gelu(t):  # upstream's gelu_impl
-        return 0.5 * t * (1.0 + torch.tanh(0.7978845608028654 * t * (1.0 + 0.044715 * t * t)))
 
     for i in range(config.num_layers):
         p = f"transformer.layers.{i}."
@@ -143,13 +149,36 @@ def test_forward_matches_the_math_written_from_the_state_dict():
 
 
 def test_full_mask_form_equals_sep_form():
+    """A [b, 1, s, s] mask written by hand gives the reference's sep-form logits (Part A bidirectional)."""
     torch.manual_seed(2)
     model = GLMModel(TINY).eval()
     ids, positions = make_inputs()
     sep = torch.tensor([4, 1])
-    full = visibility_mask(sep, 2, ids.size(1)).float()  # [b, 1, s, s] with 1 = visible
+    full = torch.ones(2, 1, 8, 8).tril()
+    full[0, 0, :, :4] = 1  # sample 0: Part A is columns 0-3
+    full[1, 0, :, :1] = 1  # sample 1: column 0 (already visible to all rows under causal)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, positions, full)[0], model(ids, positions, sep)[0])
+        expected = reference_forward(model.state_dict(), TINY, ids, positions, sep)
+        torch.testing.assert_close(model(ids, positions, full)[0], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(ids, positions, sep)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_mlp_gelu_is_tanh_at_a_scale_that_tells_it_from_erf():
+    """Weights of std 1.0 in float64: pre-activations reach |x| ~ 2 where tanh and erf GELU differ by ~1e-3."""
+    torch.manual_seed(4)
+    model = GLMModel(TINY).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 1.0)
+    ids, positions = make_inputs(seed=5)
+    sep = torch.tensor([3, 5])
+    with torch.no_grad():
+        logits, = model(ids, positions, sep)
+        state = model.state_dict()
+        expected = reference_forward(state, TINY, ids, positions, sep)
+        erf = reference_forward(state, TINY, ids, positions, sep, gelu=lambda t: torch.nn.functional.gelu(t))
+    assert (expected - erf).abs().max() > 1e-4  # the scale is large enough to see the formula
+    torch.testing.assert_close(logits, expected, atol=1e-9, rtol=1e-9)
 
 
 def test_mems_continue_a_causal_sequence():

@@ -163,3 +163,45 @@ def test_deepspeed_train_batch_size_must_add_up(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*TINY, "--deepspeed_config", str(config)])
     assert "train_batch_size 8 != micro batch 2 x accumulation 1 x data-parallel 1" in str(exit_info.value.code)
+
+
+def test_load_says_what_it_loaded_and_stops_when_already_trained(tmp_path, capsys):
+    main([*TINY, "--train-iters", "2", "--save", str(tmp_path)])
+    capsys.readouterr()
+    main([*TINY, "--train-iters", "3", "--load", str(tmp_path), "--save", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f" loaded checkpoint {tmp_path / '2'} at iteration 2\n" in out
+    assert sorted(logged_losses(out)) == [3]
+    # --load at 3 with --train-iters 3: one line says so, and main returns (exit 0) without training or saving
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    main([*TINY, "--train-iters", "3", "--load", str(tmp_path), "--save", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f" loaded checkpoint {tmp_path / '3'} at iteration 3\n" in out
+    assert " nothing to train: the checkpoint is at iteration 3 and --train-iters is 3" in out
+    assert logged_losses(out) == {}
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
+def test_corrupt_latest_checkpoint_points_at_the_previous_good_one(tmp_path, capsys):
+    main([*TINY, "--train-iters", "2", "--save-interval", "1", "--save", str(tmp_path)])
+    capsys.readouterr()
+    latest = tmp_path / "2" / "mp_rank_00_model_states.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])  # cut short, as a full disk would
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, "--train-iters", "3", "--load", str(tmp_path)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"glm-pretrain: error: {latest}: not a readable checkpoint") and "\n" not in message
+    assert message.endswith(f"; the previous checkpoint, iteration 1, is intact: --load {tmp_path / '1'}")
+    main([*TINY, "--train-iters", "3", "--load", str(tmp_path / "1")])  # which works
+    assert f" loaded checkpoint {tmp_path / '1'} at iteration 1\n" in capsys.readouterr().out
+
+
+def test_readme_and_help_quote_the_same_time_for_the_default_run():
+    from pathlib import Path
+
+    from glm_port.arguments import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (run_line,) = [line for line in readme.splitlines() if line.startswith("glm-pretrain ") and "time glm-pretrain" in line]
+    quoted = re.findall(r"about (\d+) s\b", run_line)
+    assert quoted and quoted == re.findall(r"about (\d+) s\b", build_parser().description)

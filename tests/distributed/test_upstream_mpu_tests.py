@@ -4,7 +4,7 @@
 shim.mpu (a two-line alias package), with ``shim.compat`` installed for their ``torch.cuda`` calls,
 under ``torchrun --nproc_per_node 2`` on gloo. The other upstream test files reach into private
 helpers (``_initialize_affine_weight``, ``_set_cuda_rng_state``...) that shim.mpu does not have;
-tests/dist/test_mpu.py covers the same ground through the public surface.
+tests/distributed/test_mpu.py covers the same ground through the public surface.
 Runs only with GLM_UPSTREAM=/path/to/GLM set.
 """
 

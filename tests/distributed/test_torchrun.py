@@ -18,3 +18,10 @@ def test_setup_layout_under_torchrun():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torchrun ok" in done.stdout
+
+
+def test_groups_never_destroyed_are_freed_before_interpreter_shutdown():
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_without_destroy.py")],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "no gloo threads at exit" in done.stdout
