@@ -100,12 +100,15 @@ def _apply_lora(args, glm):
     """PEFT LoRA on ``--lora_target_modules`` (new adapters, or ``--lora_path``'s); the base frozen."""
     import peft
 
+    from glm_port.finetune import lora
+
     if args.lora_path:
         path = Path(args.lora_path).expanduser()
         if not (path / "adapter_config.json").is_file():
             raise FinetuneError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
-        try:
-            return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train)
+        try:  # a whole adapter: Linear1D targets take their tensor-parallel slices (glm_port.finetune.lora)
+            config = lora.register(peft.LoraConfig.from_pretrained(str(path)))
+            return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train, config=config)
         except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
             lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
             detail = next((line for line in lines if "size mismatch" in line or "Missing" in line), lines[0])
@@ -114,8 +117,9 @@ def _apply_lora(args, glm):
     missing = [m for m in args.lora_target_modules if m not in names]
     if missing:
         raise FinetuneError(f"--lora_target_modules: the model has no module named {missing[0]!r}")
-    config = peft.LoraConfig(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                             target_modules=args.lora_target_modules, bias="none")
+    torch.manual_seed(args.seed)  # new adapters from --seed alone, however many numbers the loader drew
+    config = lora.lora_config(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                              target_modules=args.lora_target_modules, bias="none")
     return peft.get_peft_model(glm, config)
 
 
@@ -222,9 +226,9 @@ def _check_inputs(args) -> None:
         path = getattr(args, flag)
         if path and not Path(path).is_file():
             raise FinetuneError(f"--{flag} {path}: no such file")
-    if (args.lora or args.lora_path) and args.tensor_parallel_degree > 1:
-        raise FinetuneError("--lora with --tensor_parallel_degree > 1 is not supported yet (PEFT's adapters are "
-                            "not split); use data parallel (torchrun without --tensor_parallel_degree)")
+    if (args.lora or args.lora_path) and args.merge_lora and args.tensor_parallel_degree > 1:
+        raise FinetuneError("--merge_lora with --tensor_parallel_degree > 1 is not supported: the adapter is saved "
+                            "whole; merge it at tensor-parallel size 1 (--lora_path ADAPTER --merge_lora)")
     if args.merge_tensor_parallel_path and not args.do_train:
         raise FinetuneError("--merge_tensor_parallel_path merges the shards a training run saves: give --do_train "
                             "(or run glm-merge on saved shards)")
@@ -308,6 +312,30 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
     rank calls this) each rank writes its shard in upstream's ``mp_rank_XX`` layout; ``glm-merge`` or
     ``from_pretrained`` at any tensor-parallel size merges them."""
     env, model, binding = session.env, session.model, session.binding
+    if hasattr(model, "peft_config") and not args.merge_lora:
+        from glm_port.finetune.lora import full_adapter_state_dict
+
+        # Under tensor parallel every rank gathers the adapter's slices: rank 0 writes it whole (PEFT's format).
+        adapter = full_adapter_state_dict(model) if env.tp_size > 1 else None
+        base_dir = session.output_dir / "base"
+        keep_base = session.source is None and not base_dir.exists()  # the embedded base is random: keep it,
+        if env.tp_size > 1:  # so the adapter can be applied (and exported) later; every rank decided first
+            torch.distributed.barrier()
+        if env.tp_size > 1 and keep_base:
+            weights = {k.replace(".base_layer.", "."): v for k, v in local_state_dict(session.base).items()
+                       if "lora_" not in k}
+            save_checkpoint(base_dir, step, weights, config=session.config, save_rng=False, tp_rank=env.tp_rank,
+                            writer=env.dp_rank == 0)
+            if env.is_main:
+                binding.save_tokenizer(session.tokenizer, base_dir, session.source)
+        if env.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(str(directory), **({} if adapter is None else {"state_dict": adapter}))
+            if keep_base and env.tp_size == 1:  # a copy without PEFT's layers (its names are the base's)
+                import copy
+
+                binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, None)
+        return
     if env.tp_size > 1:
         save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
                         tp_rank=env.tp_rank, writer=env.dp_rank == 0)
@@ -317,12 +345,6 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
     if not env.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    if hasattr(model, "peft_config") and not args.merge_lora:
-        model.save_pretrained(str(directory))
-        if session.source is None and not (session.output_dir / "base").exists():
-            # The embedded base is random: keep it, so the adapter can be applied (and exported) later.
-            binding.save(session.base, session.tokenizer, session.output_dir / "base", None)
-        return
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
     binding.save(merged, session.tokenizer, directory, session.source)
 

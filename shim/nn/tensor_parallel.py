@@ -31,12 +31,13 @@ wrapping itself instead of ``parallelize_module``'s hooks.
 ``stride`` blocks, each split over the ranks, so rank ``r`` holds
 ``[q_r; k_r; v_r]``. The layer's global weight then lists the ranks' shards in
 rank order (Megatron's per-rank checkpoints, concatenated); ``strided_order``
-converts between that order and the natural one.
+converts between that order and the natural one. ``sections`` does the same for blocks of unequal
+sizes (ChatGLM2's ``[Q heads | K groups | V groups]``): rank ``r`` holds each block's ``r``-th part.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import sys
 
@@ -102,6 +103,7 @@ class Linear1D(nn.Linear):
         init_method: Callable[[torch.Tensor], object] | None = None,
         stride: int = 1,
         skip_bias_add: bool = False,
+        sections: Sequence[int] | None = None,
         device=None,
         dtype=None,
     ):
@@ -112,11 +114,19 @@ class Linear1D(nn.Linear):
             what, split_size = "Linear1D(parallel='col') out_features", out_features
         else:
             what, split_size = "Linear1D(parallel='row') in_features", in_features
-        if parallel != "data":
+        if sections is not None:
+            if parallel != "col" or stride != 1 or sum(sections) != out_features:
+                raise ValueError(f"Linear1D sections={tuple(sections)}: column-split only, without stride, "
+                                 f"summing to out_features ({out_features})")
+            for size in sections:
+                ensure_divisible(size, tp_size, "Linear1D(parallel='col') section", "tensor_parallel_size")
+        elif parallel != "data":
             by = "tensor_parallel_size" if stride == 1 else f"tensor_parallel_size * stride ({tp_size} * {stride})"
             ensure_divisible(split_size, tp_size * stride, what, by)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.parallel, self.layer_idx, self.stride = parallel, layer_idx, stride
+        # The output rows' natural blocks, each split over the ranks (stride: equal blocks); LoRA reads them.
+        self.output_sections = tuple(sections) if sections is not None else None
         self.skip_bias_add = skip_bias_add
         if init_method is not None:
             with torch.no_grad():
@@ -125,6 +135,11 @@ class Linear1D(nn.Linear):
                     self.bias.zero_()
         if parallel == "data" or tp_size == 1:
             return
+        if sections is not None:
+            with torch.no_grad():
+                self.weight.copy_(_sections_order(self.weight, sections, tp_size))
+                if self.bias is not None:
+                    self.bias.copy_(_sections_order(self.bias, sections, tp_size))
         if stride > 1:
             with torch.no_grad():
                 self.weight.copy_(strided_order(self.weight, 0 if parallel == "col" else 1, stride, tp_size))
@@ -187,6 +202,12 @@ def strided_order(tensor: torch.Tensor, dim: int, stride: int, parts: int) -> to
     """
     pieces = tensor.chunk(stride * parts, dim=dim)
     return torch.cat([pieces[block * parts + part] for part in range(parts) for block in range(stride)], dim=dim)
+
+
+def _sections_order(tensor: torch.Tensor, sections: Sequence[int], parts: int) -> torch.Tensor:
+    """Rows ``[A | B | C]`` (blocks of ``sections`` sizes) to ``[A_0 B_0 C_0 | A_1 B_1 C_1 | ...]``: rank order."""
+    blocks = [block.chunk(parts, dim=0) for block in tensor.split(list(sections), dim=0)]
+    return torch.cat([blocks[b][part] for part in range(parts) for b in range(len(blocks))], dim=0)
 
 
 class VocabParallelEmbedding(nn.Embedding):

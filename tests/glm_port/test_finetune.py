@@ -106,37 +106,47 @@ def test_a_missing_field_names_file_line_and_field(tmp_path, capsys):
 TP_ARGV = ["--do_eval", "false", "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "3e-3"]
 
 
-def _rank_main(rank, port, out_dir):
+def _rank_main(rank, port, out_dir, runs):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            main([*TP_ARGV, "--tensor_parallel_degree", "2", "--output_dir", str(Path(out_dir, "tp"))])
-    except BaseException:
-        out.write("FAILED\n" + traceback.format_exc())
-    Path(out_dir, f"rank{rank}.txt").write_text(out.getvalue())
+    for index, argv in enumerate(runs):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                main([*argv, "--tensor_parallel_degree", "2"])
+        except BaseException:
+            out.write("FAILED\n" + traceback.format_exc())
+        Path(out_dir, f"rank{rank}_{index}.txt").write_text(out.getvalue())
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
+def _run_two_ranks(tmp_path, *runs):
+    """glm-finetune on 2 forked ranks (gloo, tensor parallel 2), once per argv of ``runs``; rank 0's logs."""
     assert not dist.is_initialized()
+    runs = runs or ([*TP_ARGV, "--output_dir", str(tmp_path / "tp")],)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path)), nprocs=2, start_method="fork",
-                                 join=False)
+    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(map(tuple, runs))), nprocs=2,
+                                 start_method="fork", join=False)
     deadline = time.monotonic() + 240
     while not context.join(timeout=max(1.0, deadline - time.monotonic())):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
             pytest.fail("2-rank glm-finetune did not finish in 240 s")
-    log = (tmp_path / "rank0.txt").read_text()
-    assert "FAILED" not in log and "FAILED" not in (tmp_path / "rank1.txt").read_text(), log
-    parallel = _losses(log)
+    logs = []
+    for index in range(len(runs)):
+        log = (tmp_path / f"rank0_{index}.txt").read_text()
+        assert "FAILED" not in log and "FAILED" not in (tmp_path / f"rank1_{index}.txt").read_text(), log
+        logs.append(log)
+    return logs
+
+
+def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
+    parallel = _losses(_run_two_ranks(tmp_path)[0])
     single = _losses(_run([*TP_ARGV, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
@@ -154,6 +164,84 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
     with torch.no_grad():
         torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole_adapter(tmp_path, capsys):
+    """LoRA on the split query_key_value (stride 3): TP 2 trains as one process does, and the adapter it saves
+    is PEFT's whole adapter, which plain PEFT applies at tensor-parallel size 1."""
+    lora = ["--lora", "--lora_target_modules", "query_key_value,dense"]  # a column- and a row-split layer
+    # Then the whole adapter saved at TP 2 is loaded at TP 2 (sliced) and at TP 1: the same first loss.
+    again = [*TP_ARGV, "--max_steps", "1", "--lora_path", str(tmp_path / "tp" / "final")]
+    parallel, parallel_again = map(_losses, _run_two_ranks(
+        tmp_path, [*TP_ARGV, *lora, "--output_dir", str(tmp_path / "tp")],
+        [*again, "--output_dir", str(tmp_path / "tp_again")]))
+    single = _losses(_run([*TP_ARGV, *lora, "--output_dir", str(tmp_path / "one")], capsys))
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    single_again = _losses(_run([*again, "--output_dir", str(tmp_path / "one_again")], capsys))
+    assert parallel_again[1] == pytest.approx(single_again[1], rel=1e-4)
+    assert parallel_again[1] < parallel[1] - 0.05  # the trained adapter was applied (not a fresh one)
+    import peft
+    from safetensors.torch import load_file
+
+    from glm_port import GLMForConditionalGeneration
+    from glm_port.finetune.lora import register
+
+    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert {k: v.shape for k, v in tp_adapter.items()} == {k: v.shape for k, v in one_adapter.items()}
+    qkv_b = next(k for k in tp_adapter if k.endswith("query_key_value.lora_B.weight"))
+    hidden = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "base").glm.config.hidden_size
+    assert tp_adapter[qkv_b].shape == (3 * hidden, 8)  # whole: Q | K | V rows of both ranks
+    assert one_adapter[qkv_b].abs().max() > 0  # trained (B starts at zero)
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+
+    def logits(adapter_dir):  # the adapter applied by PEFT in one process (as --lora_path does)
+        base = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "base").glm
+        if adapter_dir:
+            config = register(peft.LoraConfig.from_pretrained(str(adapter_dir)))  # Linear1D's skip_bias_add
+            peft.PeftModel.from_pretrained(base, str(adapter_dir), config=config)
+        with torch.no_grad():
+            return base.eval()(ids, positions, torch.tensor([4, 4]))[0]
+
+    one = logits(tmp_path / "one" / "final")
+    torch.testing.assert_close(logits(tmp_path / "tp" / "final"), one, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits(None), one, atol=1e-3)  # the adapter matters
+    # The embedded base the TP run kept (its shards) is the one-process run's base.
+    tp_base = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "base").glm.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(tp_base(ids, positions, torch.tensor([4, 4]))[0], logits(None))
+
+
+def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(tmp_path, capsys):
+    """ChatGLM2's query_key_value is [Q heads | K groups | V groups], each split over the ranks, and
+    dense_h_to_4h [gate | up] (stride 2): TP 2 trains as one process does and saves the same whole adapter."""
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")  # each rank loads its slices of it
+    full = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
+            "--per_device_train_batch_size", "32"]
+    argv = [*full, "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
+    # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer).
+    logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
+                          [*full, "--output_dir", str(tmp_path / "tp_full")])
+    for log, run in zip(logs, (argv, full)):
+        parallel = _losses(log)
+        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
+        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    from safetensors.torch import load_file
+
+    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert tp_adapter.keys() == one_adapter.keys()
+    for key, value in one_adapter.items():  # whole, in THUDM's row order
+        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
 
 
 def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):

@@ -63,7 +63,15 @@ def load(path, device, recompute: bool = False):
     else:
         from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer
 
-        model, tokenizer = load_pretrained(path, dtype=None, device=device), load_tokenizer(path)
+        from glm_port.distributed import tensor_parallel_size
+
+        if tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as THUDM's)
+            from glm_port.models.chatglm2.generation import load_split
+            from glm_port.models.chatglm2.weights import check_directory
+
+            model, tokenizer = load_split(path, check_directory(path), device=device), load_tokenizer(path)
+        else:
+            model, tokenizer = load_pretrained(path, dtype=None, device=device), load_tokenizer(path)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
     if recompute:
         model.gradient_checkpointing_enable()
@@ -122,8 +130,25 @@ def collate(samples, tokenizer) -> dict:
 
 
 def logits(model, batch: dict, counted):
-    """Logits of the counted positions (the model projects every position; ChatGLM2 has no position filter)."""
-    return model(input_ids=batch["text"], attention_mask=batch["attention_mask"], use_cache=False).logits[counted]
+    """Logits of the counted positions only. Under tensor parallel, this rank's vocabulary slice (Megatron's
+    parallel output, what the vocab-parallel cross entropy takes), the hidden states through copy-to-region
+    so their gradient sums the ranks' slices."""
+    import torch.nn.functional as F
+
+    from glm_port.distributed import tensor_parallel_size
+
+    transformer = model.transformer
+    hidden = transformer(batch["text"], batch["attention_mask"], use_cache=False).last_hidden_state[counted]
+    weight, size = transformer.output_layer.weight, tensor_parallel_size()
+    if size == 1:
+        return F.linear(hidden, weight)
+    import shim.distributed as dist
+    from shim import mpu
+
+    rank = dist.current_layout().tensor_parallel_rank
+    if weight.requires_grad:  # the whole (replicated) output layer: each rank's rows' gradients summed
+        weight = mpu.copy_to_model_parallel_region(weight)
+    return F.linear(mpu.copy_to_model_parallel_region(hidden), weight.chunk(size, dim=0)[rank])
 
 
 def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -> list[str]:

@@ -115,8 +115,12 @@ class SelfAttention(nn.Module):
         self.head_dim = config.kv_channels
         qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * self.head_dim
         # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
+        sections = None
+        if config.multi_query_attention:  # Q | K | V blocks, each split (a random init in rank order too)
+            sections = (config.num_attention_heads * self.head_dim,) + (config.num_key_value_heads * self.head_dim,) * 2
         self.query_key_value = nn.Linear1D(
             config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
+            sections=sections,
         )
         self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
                                  bias=config.add_bias_linear, parallel="row")
