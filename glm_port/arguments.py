@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm-pretrain",
         description="Pretrain GLM with blank infilling. With no arguments: a tiny GLM on the embedded corpus, "
-        "on CPU, in about 13 s on two idle cores (minutes on a busy machine). Flags keep upstream THUDM/GLM's names; upstream flags this port does not "
+        "on CPU, in about 15 s on two idle cores (minutes on a busy machine). Flags keep upstream THUDM/GLM's names; upstream flags this port does not "
         "implement are refused by name.",
         allow_abbrev=False,  # "--load" must never silently mean "--load-pretrained"
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

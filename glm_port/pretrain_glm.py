@@ -1,6 +1,6 @@
 """``glm-pretrain``: GLM blank-infilling pretraining on one CPU/GPU or under ``torchrun``.
 
-    glm-pretrain                                   # tiny GLM, embedded corpus, CPU, about 13 s on 2 idle cores
+    glm-pretrain                                   # tiny GLM, embedded corpus, CPU, about 15 s on 2 idle cores
     glm-pretrain --train-data corpus.jsonl --tokenizer-type BertWordPieceTokenizer \\
         --tokenizer-path vocab.txt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \\
         --seq-length 512 --train-iters 10000 --save ckpt --bf16

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--lora_alpha", type=int, default=16)
     flag("--lora_dropout", type=float, default=0.05)
     flag("--lora_target_modules", default="query_key_value", help="comma-separated module names to adapt")
+    flag("--lora_modules_to_save", default="",
+         help="comma-separated modules trained whole beside the adapters (PEFT's modules_to_save), "
+         "e.g. final_layernorm")
     switch("--merge_lora", "fold the adapters into the weights when saving the final model")
 
     g = parser.add_argument_group("generation (evaluation, prediction)")
@@ -122,4 +125,5 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
     args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]
+    args.lora_modules_to_save = [m.strip() for m in args.lora_modules_to_save.split(",") if m.strip()]
     return args

@@ -114,12 +114,15 @@ def _apply_lora(args, glm):
             detail = next((line for line in lines if "size mismatch" in line or "Missing" in line), lines[0])
             raise FinetuneError(f"--lora_path {path} was made for another base model: {detail}") from None
     names = {name.rsplit(".", 1)[-1] for name, _ in glm.named_modules()}
-    missing = [m for m in args.lora_target_modules if m not in names]
-    if missing:
-        raise FinetuneError(f"--lora_target_modules: the model has no module named {missing[0]!r}")
+    for flag, wanted in (("lora_target_modules", args.lora_target_modules),
+                         ("lora_modules_to_save", args.lora_modules_to_save)):
+        missing = [m for m in wanted if m not in names]
+        if missing:
+            raise FinetuneError(f"--{flag}: the model has no module named {missing[0]!r}")
     torch.manual_seed(args.seed)  # new adapters from --seed alone, however many numbers the loader drew
     config = lora.lora_config(r=args.r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                              target_modules=args.lora_target_modules, bias="none")
+                              target_modules=args.lora_target_modules, bias="none",
+                              modules_to_save=args.lora_modules_to_save or None)
     return peft.get_peft_model(glm, config)
 
 
