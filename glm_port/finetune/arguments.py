@@ -34,11 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
         "With no arguments: a small GLM learns an embedded toy task on CPU and shows its scores rising.",
         epilog="Boolean flags take PaddleNLP's forms too: '--do_train', '--do_train true', '--lora 1'.",
     )
-    flag = lambda name, **kw: parser.add_argument(name, **kw)  # noqa: E731
-    switch = lambda name, help: parser.add_argument(  # noqa: E731
-        name, nargs="?", const=True, default=False, type=_bool, help=help)
+    groups = []  # flags go into the group opened last, so --help lists them by section
 
-    g = parser.add_argument_group("model and data")
+    def flag(name, **kw):
+        groups[-1].add_argument(name, **kw)
+
+    def switch(name, help):
+        groups[-1].add_argument(name, nargs="?", const=True, default=False, type=_bool, help=help)
+
+    groups.append(parser.add_argument_group("model and data"))
     flag("--model_name_or_path", default=None, help="a Hugging Face GLM directory, a glm-pretrain --save directory, "
          "or upstream mp_rank_XX files; default: a small random GLM for the embedded task")
     flag("--lora_path", default=None, help="a PEFT LoRA adapter directory to apply to the model (eval / predict)")
@@ -54,25 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--tgt_length", type=int, default=160, help="tokens of the target, sop/eop included (cut beyond, counted)")
     flag("--output_dir", default="./glm-finetune-out", help="checkpoints, adapters, predictions and metrics")
 
-    g = parser.add_argument_group("training")
+    groups.append(parser.add_argument_group("training"))
     switch("--do_train", "train on --train_file")
     switch("--do_eval", "generate for --eval_file and score ROUGE-1/2/L and BLEU-4")
     switch("--do_predict", "write predictions for --test_file")
     flag("--num_train_epochs", type=float, default=3.0, help="epochs over the training data (unless --max_steps)")
     flag("--max_steps", type=int, default=-1, help="optimizer steps in all; overrides --num_train_epochs when > 0")
-    flag("--per_device_train_batch_size", type=int, default=8)
-    flag("--per_device_eval_batch_size", type=int, default=8)
-    flag("--gradient_accumulation_steps", type=int, default=1)
-    flag("--learning_rate", type=float, default=5e-5)
+    flag("--per_device_train_batch_size", type=int, default=8, help="samples per process per micro-batch")
+    flag("--per_device_eval_batch_size", type=int, default=8, help="prompts generated together in evaluation")
+    flag("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    flag("--learning_rate", type=float, default=5e-5, help="peak AdamW learning rate (the embedded run: 2e-3)")
     flag("--warmup_ratio", type=float, default=0.0, help="share of the steps with a linear warmup")
     flag("--weight_decay", type=float, default=0.0, help="AdamW weight decay (none on biases and norms)")
     flag("--lr_scheduler_type", default="linear", choices=("linear", "cosine", "constant"))
     flag("--max_grad_norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
     flag("--label_smoothing", type=float, default=0.0, help="label smoothing of the target-token cross entropy")
-    flag("--logging_steps", type=int, default=10)
+    flag("--logging_steps", type=int, default=10, help="steps per log line (upstream GLM's line)")
     flag("--save_steps", type=int, default=0, help="save a checkpoint every N steps (0: at the end only)")
     flag("--eval_steps", type=int, default=0, help="evaluate every N steps (with --do_eval), keeping the best")
-    flag("--seed", type=int, default=42)
+    flag("--seed", type=int, default=42, help="seed of the model's initialisation, dropout and data order")
     switch("--fp16", "fp16 autocast with dynamic loss scaling (CUDA)")
     switch("--bf16", "bf16 autocast")
     flag("--fp16_opt_level", default="O1", choices=("O1", "O2"),
@@ -83,26 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
          help="after training, write single-shard weights there (as glm-merge does)")
     flag("--device", default=None, help="cpu, cuda, cuda:1... (default: the GPU if there is one)")
 
-    g = parser.add_argument_group("LoRA (PEFT)")
+    groups.append(parser.add_argument_group("LoRA (PEFT)"))
     switch("--lora", "train LoRA adapters only (PEFT), the base weights frozen")
     flag("--r", type=int, default=8, help="LoRA rank")
-    flag("--lora_alpha", type=int, default=16)
-    flag("--lora_dropout", type=float, default=0.05)
+    flag("--lora_alpha", type=int, default=16, help="LoRA scaling numerator (the update is scaled by alpha / r)")
+    flag("--lora_dropout", type=float, default=0.05, help="dropout on the adapters' input")
     flag("--lora_target_modules", default="query_key_value", help="comma-separated module names to adapt")
     flag("--lora_modules_to_save", default="",
          help="comma-separated modules trained whole beside the adapters (PEFT's modules_to_save), "
          "e.g. final_layernorm")
     switch("--merge_lora", "fold the adapters into the weights when saving the final model")
 
-    g = parser.add_argument_group("generation (evaluation, prediction)")
-    flag("--num_beams", type=int, default=1)
+    groups.append(parser.add_argument_group("generation (evaluation, prediction)"))
+    flag("--num_beams", type=int, default=1, help="beam search width (1: greedy; the embedded run: 3)")
     flag("--min_tgt_length", type=int, default=0, help="generate at least this many tokens")
-    flag("--length_penalty", type=float, default=1.0)
-    flag("--no_repeat_ngram_size", type=int, default=0)
+    flag("--length_penalty", type=float, default=1.0, help="beam scores divided by length ** this")
+    flag("--no_repeat_ngram_size", type=int, default=0, help="never repeat an n-gram of this size (0: off)")
     switch("--select_topk", "sample from the top-k (k = --top_k) instead of searching")
-    flag("--top_k", type=int, default=1)
-    flag("--top_p", type=float, default=1.0)
-    flag("--temperature", type=float, default=1.0)
+    flag("--top_k", type=int, default=1, help="with --select_topk: sample among the k likeliest tokens")
+    flag("--top_p", type=float, default=1.0, help="with --select_topk: nucleus sampling mass")
+    flag("--temperature", type=float, default=1.0, help="with --select_topk: softmax temperature")
     flag("--metric_lang", default="auto", choices=("auto", "zh", "en"),
          help="zh: jieba + rouge_chinese and nltk BLEU-4 on characters (THUDM / MindFormers); en: rouge-score "
          "and sacrebleu; auto: zh when the references hold CJK characters")

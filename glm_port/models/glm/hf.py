@@ -21,7 +21,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import shim as torch
 import shim.nn.functional as F
-from glm_port.models.glm.config import GLMConfig, GLMPretrainedConfig  # noqa: F401  (GLMPretrainedConfig: its home)
+from glm_port.models.glm.config import GLMPretrainedConfig  # noqa: F401  (its home is config.py)
 from glm_port.models.glm.model import GLMModel
 
 

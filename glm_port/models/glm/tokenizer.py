@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Sequence
+
 
 import shim as torch
 from glm_port.data import tokenization as vocabularies
