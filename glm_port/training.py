@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 from tqdm import tqdm
 
 import shim as torch
@@ -293,3 +294,46 @@ class TrainingLoop:
         finally:
             bar.close()
         return iteration
+
+
+@dataclass
+class Encoded:
+    """One sample in the trainers' batch layout (a family's ``encode`` makes them)."""
+
+    text: np.ndarray  # [a + n]
+    position_id: np.ndarray  # [2, a + n]
+    sep: int  # a: Part A's length
+    target: np.ndarray  # [a + n]
+    loss_mask: np.ndarray  # [a + n]
+    truncated_target: bool
+
+
+def collate(samples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """A batch in the trainers' keys (``text``, ``position_id``, ``attention_mask`` = sep, ``target``,
+    ``loss_mask``), each sample padded at its end; padding is never attended to by counted positions
+    and carries no loss."""
+    length = max(len(s.text) for s in samples)
+
+    def pad(array, value=0):
+        widths = [(0, 0)] * (array.ndim - 1) + [(0, length - array.shape[-1])]
+        return np.pad(array, widths, constant_values=value)
+
+    return {
+        "text": torch.from_numpy(np.stack([pad(s.text, pad_id) for s in samples])),
+        "position_id": torch.from_numpy(np.stack([pad(s.position_id) for s in samples])),
+        "attention_mask": torch.tensor([s.sep for s in samples], dtype=torch.long),
+        "target": torch.from_numpy(np.stack([pad(s.target) for s in samples])),
+        "loss_mask": torch.from_numpy(np.stack([pad(s.loss_mask) for s in samples])),
+    }
+
+
+def left_padded(prompts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (id sequences) as ``tokenizer(...)`` gives a batch to ``generate``: ``input_ids`` padded on
+    the left with ``pad_id``, and the ``attention_mask`` marking the real tokens."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask

@@ -73,6 +73,21 @@ def lazy_loaders(*loaders: Callable[[], dict]) -> dict[str, Callable[[], dict]]:
     return by_name
 
 
+def submodules_on_first_use(package: str) -> Callable[[str], types.ModuleType]:
+    """A package's module ``__getattr__`` that imports ``package.NAME`` when ``NAME`` is first read (as
+    migrated code spells an extension, ``shim.kernels.amp_C``), and raises AttributeError for no such module."""
+
+    def __getattr__(name: str) -> types.ModuleType:
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}.{name}":
+                raise
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__
+
+
 def _public_names(torch_module: types.ModuleType, namespace: dict) -> set[str]:
     torch_public = getattr(torch_module, "__all__", None) or [n for n in dir(torch_module) if not n.startswith("_")]
     own = {

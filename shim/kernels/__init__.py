@@ -13,16 +13,10 @@ functions and argument order and computes with ``shim.ops`` (torch kernels, any 
   nvcc at start-up; here there is nothing to build.
 """
 
-import importlib as _importlib
+from shim._forward import submodules_on_first_use as _submodules_on_first_use
 
 __all__ = ['amp_C', 'fused_layer_norm_cuda', 'fused_mix_prec_layer_norm_cuda', 'megatron_fused_kernels', 'scaled_masked_softmax_cuda', 'scaled_softmax_cuda', 'scaled_upper_triang_masked_softmax_cuda']
 
 
-def __getattr__(name: str):
-    """Submodules load on first use (``shim.kernels.amp_C`` as an attribute, the way migrated code spells it)."""
-    try:
-        return _importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# Submodules load on first use (``shim.kernels.amp_C`` as an attribute, the way migrated code spells it).
+__getattr__ = _submodules_on_first_use(__name__)

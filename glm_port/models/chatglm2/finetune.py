@@ -95,7 +95,7 @@ def encode(tokenizer, pairs, src_length: int, tgt_length: int, with_targets: boo
     on the answer and its ``</s>``."""
     import numpy as np
 
-    from glm_port.models.glm.seq2seq import Encoded
+    from glm_port.training import Encoded
 
     samples = []
     for pair in pairs:
@@ -121,7 +121,7 @@ def collate(samples, tokenizer) -> dict:
     """Right-padded batch; ``attention_mask`` ``[b, s]`` marks the real tokens (attention is causal)."""
     import torch
 
-    from glm_port.models.glm.seq2seq import collate as padded
+    from glm_port.training import collate as padded
 
     batch = padded(samples, tokenizer.pad_token_id)
     lengths = torch.tensor([len(s.text) for s in samples])
@@ -155,19 +155,15 @@ def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -
     """The prompt (``[gMASK] sop`` + ``build_prompt(source)``) continued until ``</s>``, left-padded batches."""
     import torch
 
+    from glm_port.training import left_padded
+
     search = {"eos_token_id": model.config.eos_token_id, "pad_token_id": model.config.pad_token_id, **search}
     texts = []
     for start in range(0, len(samples), batch_size):
-        prompts = [s.text[:s.sep].tolist() for s in samples[start:start + batch_size]]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
+        ids, mask = left_padded([s.text[:s.sep] for s in samples[start:start + batch_size]], tokenizer.pad_token_id)
         with torch.no_grad():
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **search)
-        for row in out[:, width:].tolist():
+        for row in out[:, ids.size(1):].tolist():
             cut = next((k for k, t in enumerate(row) if t in (search["eos_token_id"], search["pad_token_id"])), len(row))
             texts.append(tokenizer.decode(row[:cut]).strip())
     return texts

@@ -8,9 +8,9 @@ from pathlib import Path
 import shim as torch
 from glm_port.models.glm.config import GLMConfig
 from glm_port.models.glm.model import GLMModel
-from glm_port.models.glm.seq2seq import collate as _collate
 from glm_port.models.glm.seq2seq import encode_pair
-from glm_port.training import positions_logits
+from glm_port.training import collate as _collate
+from glm_port.training import left_padded, positions_logits
 
 EMBEDDED = "glm-tiny"
 # The embedded default: small enough to learn the toy task in about a minute on 2 CPU cores.
@@ -66,13 +66,7 @@ def generate(model: GLMModel, vocab, samples, search: dict, batch_size: int, dev
     search = {"eos_token_id": stops, "pad_token_id": tokenizer.pad_token_id, **search}
     texts = []
     for start in range(0, len(samples), batch_size):
-        prompts = [s.text[:s.sep] for s in samples[start:start + batch_size]]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left-padded, as tokenizer(...) gives them
-            ids[row, width - len(prompt):] = torch.from_numpy(prompt)
-            mask[row, width - len(prompt):] = 1
+        ids, mask = left_padded([s.text[:s.sep] for s in samples[start:start + batch_size]], tokenizer.pad_token_id)
         inputs = tokenizer.build_inputs_for_generation({"input_ids": ids, "attention_mask": mask},
                                                        max_gen_length=search["max_new_tokens"]).to(device)
         with torch.no_grad():

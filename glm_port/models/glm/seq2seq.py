@@ -12,21 +12,9 @@ included); ``attention_mask`` is the ``sep`` form (Part A's length).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-import shim as torch
-
-
-@dataclass
-class Encoded:
-    text: np.ndarray  # [a + n]
-    position_id: np.ndarray  # [2, a + n]
-    sep: int  # a: Part A's length
-    target: np.ndarray  # [a + n]
-    loss_mask: np.ndarray  # [a + n]
-    truncated_target: bool
+from glm_port.training import Encoded, collate  # noqa: F401  (the trainers' sample and batch)
 
 
 def encode_source(tokenizer, source_ids: list[int], src_length: int) -> list[int]:
@@ -58,22 +46,3 @@ def encode_pair(tokenizer, source_ids: list[int], target_ids: list[int] | None, 
         loss_mask=loss_mask.astype(np.float32),
         truncated_target=truncated,
     )
-
-
-def collate(samples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
-    """A batch in glm-pretrain's keys (``text``, ``position_id``, ``attention_mask`` = sep, ``target``,
-    ``loss_mask``), each sample padded at its end; padding is never attended to by counted positions
-    and carries no loss."""
-    length = max(len(s.text) for s in samples)
-
-    def pad(array, value=0):
-        widths = [(0, 0)] * (array.ndim - 1) + [(0, length - array.shape[-1])]
-        return np.pad(array, widths, constant_values=value)
-
-    return {
-        "text": torch.from_numpy(np.stack([pad(s.text, pad_id) for s in samples])),
-        "position_id": torch.from_numpy(np.stack([pad(s.position_id) for s in samples])),
-        "attention_mask": torch.tensor([s.sep for s in samples], dtype=torch.long),
-        "target": torch.from_numpy(np.stack([pad(s.target) for s in samples])),
-        "loss_mask": torch.from_numpy(np.stack([pad(s.loss_mask) for s in samples])),
-    }
