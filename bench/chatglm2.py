@@ -1,8 +1,9 @@
-"""ChatGLM2 decoding: glm_port's model vs transformers' GlmForCausalLM (and THUDM's remote code), same weights.
+"""ChatGLM2 decoding: glm_port vs transformers' GlmForCausalLM (and THUDM's code, chatglm-cpp), same weights.
 
 Each (variant, batch) runs in a fresh process. Every variant gets the same random weights: glm_port's
 ChatGLM2 built from one seed, converted in memory for transformers' GLM with glm-convert's mapping,
-loaded as is into THUDM's ChatGLMForConditionalGeneration. The prompt is random token ids; decoding is
+loaded as is into THUDM's ChatGLMForConditionalGeneration, written as a THUDM directory and converted by
+chatglm-cpp's converter for chatglm-cpp. The prompt is random token ids; decoding is
 greedy with no stop token, so every run produces exactly --new-tokens tokens.
 
   ttft ms        time to first token: prefill of the whole prompt + one token (``max_new_tokens=1``)
@@ -18,9 +19,25 @@ Variants: ``glm_port`` and ``transformers`` use ``generate`` (transformers' Dyna
 runs its own forward in a greedy loop with its tuple cache, because its ``generate`` hooks predate
 transformers 5.
 
+``chatglm_cpp_f32`` and ``chatglm_cpp_f16``: chatglm-cpp (PyPI ``chatglm-cpp``, li-plus/chatglm.cpp, a
+C++/GGML runtime), the CPU path a user would otherwise pick. They need CHATGLM_CPP_PYTHON=/venv/bin/python,
+a Python where chatglm-cpp is installed next to a transformers THUDM's remote code loads under (4.x; its
+converter goes through ``AutoModel.from_pretrained(trust_remote_code=True)``), and CHATGLM2_CODE, whose
+modeling/configuration/tokenization .py, tokenizer.model (and quantization.py when there, else a stub that
+raises) are copied at run time into a temporary directory where the same seeded weights are written as
+THUDM lays them out (config.json with THUDM's fields and auto_map, safetensors shards). chatglm-cpp's own
+converter, ``python -m chatglm_cpp.convert -i DIR -t f32|f16``, makes the GGML file (TMPDIR picks where;
+the 6b-4layers shape takes about 5.4 GB for the directory plus the GGML file). The timed loop is the one
+of chatglm-cpp's ``Pipeline`` (``model.generate_next_token`` with ``do_sample=False``, argmax) without
+its stop at eos, on the same prompt ids; chatglm-cpp has no batching (batch > 1 shows n/a), no device
+but the CPU, and picks its own threads (all cores up to 4, half of them above; --threads does not reach
+it). Its f16 file keeps norms and the qkv bias in f32 and computes in ggml's mixed precision, so its
+tokens may drift from glm_port's at --dtype float32.
+
     python -m bench.chatglm2                      # 4 layers of ChatGLM2-6B at full width, prompt 512, 128 new
     python -m bench.chatglm2 --preset tiny        # smoke run: 2 layers, hidden 64
     python -m bench.chatglm2 --layers 28 --device cuda --dtype bfloat16   # the whole 6B shape on a GPU
+    CHATGLM2_CODE=/dir CHATGLM_CPP_PYTHON=/venv/bin/python python -m bench.chatglm2   # + THUDM, chatglm-cpp
 """
 
 from __future__ import annotations
@@ -28,13 +45,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("glm_port", "transformers", "thudm")
+CPP_VARIANTS = {"chatglm_cpp_f32": "f32", "chatglm_cpp_f16": "f16"}
+VARIANTS = ("glm_port", "transformers", "thudm", *CPP_VARIANTS)
+# What chatglm-cpp's converter loads from a THUDM directory besides the weights and config.json.
+THUDM_FILES = ("modeling_chatglm.py", "configuration_chatglm.py", "tokenization_chatglm.py", "tokenizer.model")
+THUDM_AUTO_MAP = {
+    "AutoConfig": "configuration_chatglm.ChatGLMConfig",
+    "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
+    "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration",
+}
 PRESETS = {
     "6b-4layers": dict(layers=4, hidden=4096, ffn=13696, heads=32, groups=2, kv_channels=128, vocab=65024),
     "tiny": dict(layers=2, hidden=64, ffn=160, heads=4, groups=2, kv_channels=16, vocab=1024),
@@ -51,14 +78,56 @@ def _config(args):
     )
 
 
-def build(variant: str, args):
+def seeded(args):
+    """glm_port's ChatGLM2 with the bench's random weights (seed 0), float32: every variant starts here."""
     import torch
 
     from glm_port.models.chatglm2 import ChatGLM2ForCausalLM
 
-    config = _config(args)
     torch.manual_seed(0)
-    ours = ChatGLM2ForCausalLM(config)
+    return ChatGLM2ForCausalLM(_config(args))
+
+
+def write_thudm_directory(args, directory) -> None:
+    """The seeded weights as THUDM publishes a ChatGLM2 directory, for chatglm-cpp's converter to load.
+
+    config.json carries THUDM's fields plus ``auto_map`` (and ``original_rope``, ``max_length``, which
+    THUDM's ChatGLMModel reads); the weights are safetensors shards under THUDM's names; THUDM's code and
+    tokenizer.model are copied from CHATGLM2_CODE into this (temporary) directory only.
+    """
+    from glm_port.models.chatglm2.weights import save_sharded
+
+    code = Path(os.environ["CHATGLM2_CODE"])
+    directory = Path(directory)
+    model = seeded(args)
+    save_sharded(model.state_dict(), directory, fmt="safetensors")
+    raw = model.config.to_dict()
+    raw.update(architectures=["ChatGLMModel"], auto_map=THUDM_AUTO_MAP, original_rope=True,
+               max_length=model.config.seq_length, torch_dtype="float32")
+    (directory / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
+    for name in THUDM_FILES:
+        shutil.copyfile(code / name, directory / name)
+    if (code / "tokenizer_config.json").is_file():
+        shutil.copyfile(code / "tokenizer_config.json", directory / "tokenizer_config.json")
+    else:
+        (directory / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "ChatGLMTokenizer",
+            "auto_map": {"AutoTokenizer": ["tokenization_chatglm.ChatGLMTokenizer", None]},
+        }), encoding="utf-8")
+    if (code / "quantization.py").is_file():
+        shutil.copyfile(code / "quantization.py", directory / "quantization.py")
+    else:  # modeling_chatglm.py imports it lazily (int4/int8 only); transformers checks that it exists
+        (directory / "quantization.py").write_text(
+            "def quantize(*args, **kwargs):\n"
+            "    raise NotImplementedError('bench.chatglm2: THUDM quantization.py was not in CHATGLM2_CODE')\n",
+            encoding="utf-8")
+
+
+def build(variant: str, args):
+    import torch
+
+    config = _config(args)
+    ours = seeded(args)
     if variant == "glm_port":
         model = ours
     elif variant == "transformers":
@@ -183,6 +252,47 @@ def worker(variant: str, batch: int, args) -> dict:
     }
 
 
+def cpp_worker(variant: str, ggml_file: str, args) -> dict:
+    """chatglm-cpp's greedy decode at batch 1 from its GGML file; the figures as ``worker``'s."""
+    import chatglm_cpp
+    import torch
+
+    pipeline = chatglm_cpp.Pipeline(ggml_file, max_length=args.prompt + args.new_tokens)
+    model = pipeline.model
+    gen_config = chatglm_cpp._C.GenerationConfig(
+        max_length=args.prompt + args.new_tokens, max_new_tokens=args.new_tokens,
+        max_context_length=args.prompt, do_sample=False, top_k=1)
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, args.vocab, (1, args.prompt), generator=generator)[0].tolist()
+
+    def greedy_ids(prompt_ids, new_tokens):
+        # chatglm_cpp.Pipeline._stream_generate_ids, without its stop at eos
+        ids, n_past, out = list(prompt_ids), 0, []
+        for _ in range(new_tokens):
+            token = model.generate_next_token(ids, None, gen_config, n_past, len(prompt_ids))
+            n_past = len(ids)
+            ids.append(token)
+            out.append(token)
+        return out
+
+    greedy_ids(prompt[:16], 2)  # warm up
+    ttfts = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        greedy_ids(prompt, 1)
+        ttfts.append(time.perf_counter() - start)
+    ttft = sorted(ttfts)[len(ttfts) // 2]
+    baseline = _reset_peak_rss()
+    start = time.perf_counter()
+    tokens = greedy_ids(prompt, args.new_tokens)
+    total = time.perf_counter() - start
+    return {
+        "variant": variant, "batch": 1, "ttft_ms": 1e3 * ttft,
+        "decode_tok_s": (args.new_tokens - 1) / max(total - ttft, 1e-9),
+        "peak_mib": (_peak_rss() - baseline) / 2**20, "tokens": tokens,
+    }
+
+
 LORA_TARGETS = {"glm_port": ["query_key_value"], "transformers": ["q_proj", "k_proj", "v_proj"]}
 
 
@@ -232,7 +342,8 @@ def build_parser():
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
-                        help="default: glm_port and transformers, plus thudm when CHATGLM2_CODE is set")
+                        help="default: glm_port and transformers, plus thudm when CHATGLM2_CODE is set, plus "
+                             "chatglm_cpp_f32/f16 on the CPU when CHATGLM_CPP_PYTHON is set too")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -242,6 +353,8 @@ def build_parser():
     parser.add_argument("--lora-batch", type=int, default=4)
     parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--lora-worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--cpp-worker", nargs=2, metavar=("VARIANT", "GGML_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--write-thudm-dir", metavar="DIR", help=argparse.SUPPRESS)
     return parser
 
 
@@ -250,6 +363,43 @@ def resolve(args):
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
+
+
+def _variants(args) -> list[str] | None:
+    """The variants to run; None after a one-line error (a variant asked for whose setup is missing)."""
+    code, cpp = os.environ.get("CHATGLM2_CODE"), os.environ.get("CHATGLM_CPP_PYTHON")
+    cpp_missing = None
+    if not (code and cpp):
+        cpp_missing = ("needs CHATGLM_CPP_PYTHON=/python/with/chatglm_cpp and "
+                       "CHATGLM2_CODE=/dir/with/modeling_chatglm.py")
+    elif not os.access(cpp, os.X_OK):
+        cpp_missing = f"needs CHATGLM_CPP_PYTHON to name a Python executable (not {cpp})"
+    elif missing := [name for name in THUDM_FILES if not (Path(code) / name).is_file()]:
+        cpp_missing = f"needs {', '.join(missing)} in CHATGLM2_CODE ({code}) for its converter"
+    elif args.device != "cpu":
+        cpp_missing = f"runs on the CPU only (--device {args.device})"
+    if args.variants is None:
+        variants = [v for v in VARIANTS if (v != "thudm" or code) and (v not in CPP_VARIANTS or not cpp_missing)]
+        if cpp_missing:
+            print(f"bench.chatglm2: skipping {', '.join(CPP_VARIANTS)}: chatglm-cpp {cpp_missing}")
+        return variants
+    if "thudm" in args.variants and not code:
+        print("bench.chatglm2: error: the thudm variant needs CHATGLM2_CODE=/dir/with/modeling_chatglm.py",
+              file=sys.stderr)
+        return None
+    if cpp_missing and any(v in CPP_VARIANTS for v in args.variants):
+        print(f"bench.chatglm2: error: chatglm-cpp {cpp_missing}", file=sys.stderr)
+        return None
+    return list(args.variants)
+
+
+def _run(command, what: str):
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        print(f"bench.chatglm2: {what} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
+        return None
+    return done.stdout
 
 
 def main(argv=None) -> int:
@@ -261,10 +411,14 @@ def main(argv=None) -> int:
     if args.lora_worker:
         print(json.dumps(lora_worker(args.lora_worker[0], int(args.lora_worker[1]), args)))
         return 0
-    variants = args.variants or [v for v in VARIANTS if v != "thudm" or os.environ.get("CHATGLM2_CODE")]
-    if "thudm" in variants and not os.environ.get("CHATGLM2_CODE"):
-        print("bench.chatglm2: error: the thudm variant needs CHATGLM2_CODE=/dir/with/modeling_chatglm.py",
-              file=sys.stderr)
+    if args.cpp_worker:
+        print(json.dumps(cpp_worker(args.cpp_worker[0], args.cpp_worker[1], args)))
+        return 0
+    if args.write_thudm_dir:
+        write_thudm_directory(args, args.write_thudm_dir)
+        return 0
+    variants = _variants(args)
+    if variants is None:
         return 2
     from tqdm import tqdm
 
@@ -275,30 +429,48 @@ def main(argv=None) -> int:
     runs = [("--worker", v, b) for b in args.batches for v in variants]
     if args.lora_steps > 0:
         runs += [("--lora-worker", v, args.lora_batch) for v in variants if v in LORA_TARGETS]
-    for flag, variant, batch in tqdm(runs, desc="runs", leave=False):
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.chatglm2", *argv, flag, variant, str(batch)],
-            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        if done.returncode != 0:
-            print(f"bench.chatglm2: {variant} batch {batch} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
-            return 1
-        (rows if flag == "--worker" else lora_rows).append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"{'variant':<13} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
+    with tempfile.TemporaryDirectory(prefix="bench-chatglm2-") as scratch:
+        thudm_dir = Path(scratch) / "thudm"
+        for flag, variant, batch in tqdm(runs, desc="runs", leave=False):
+            if variant in CPP_VARIANTS:
+                if batch != 1:
+                    rows.append({"variant": variant, "batch": batch, "na": True})
+                    continue
+                ggml = Path(scratch) / f"{variant}.bin"
+                if not thudm_dir.exists() and _run(
+                        [sys.executable, "-m", "bench.chatglm2", *argv, "--write-thudm-dir", str(thudm_dir)],
+                        "writing the THUDM directory") is None:
+                    return 1
+                if _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "chatglm_cpp.convert", "-i", str(thudm_dir),
+                         "-t", CPP_VARIANTS[variant], "-o", str(ggml)], f"chatglm-cpp's convert to {variant}") is None:
+                    return 1
+                out = _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "bench.chatglm2", *argv,
+                            "--cpp-worker", variant, str(ggml)], f"{variant} batch {batch}")
+                ggml.unlink()
+            else:
+                out = _run([sys.executable, "-m", "bench.chatglm2", *argv, flag, variant, str(batch)],
+                           f"{variant} batch {batch}")
+            if out is None:
+                return 1
+            (rows if flag == "--worker" else lora_rows).append(json.loads(out.strip().splitlines()[-1]))
+    print(f"{'variant':<15} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
           f"{'decode vs glm_port':>19}")
     for row in rows:
+        if row.get("na"):
+            print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} {'n/a':>9} {'n/a':>12} {'n/a':>19}")
+            continue
         ref = next(r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"]) \
             if "glm_port" in variants else row
         same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
-        print(f"{row['variant']:<13} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
+        print(f"{row['variant']:<15} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
               f"{row['peak_mib']:>9.1f} {same:>12} "
               f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x")
     if lora_rows:
         print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
               f"{args.lora_steps} timed steps:")
-        print(f"{'variant':<13} {'samples/s':>10} {'first loss':>11}")
+        print(f"{'variant':<15} {'samples/s':>10} {'first loss':>11}")
         for row in lora_rows:
-            print(f"{row['variant']:<13} {row['samples_s']:>10.2f} {row['loss']:>11.5f}")
+            print(f"{row['variant']:<15} {row['samples_s']:>10.2f} {row['loss']:>11.5f}")
     return 0
 
 
