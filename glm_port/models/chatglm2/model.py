@@ -107,20 +107,31 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
         # This rank's query heads and key/value groups (all of them in one process).
-        self.num_heads = nn.heads_per_rank(config.num_attention_heads)
-        self.num_groups = config.num_key_value_heads * self.num_heads // config.num_attention_heads
-        if self.num_groups * config.num_attention_heads != config.num_key_value_heads * self.num_heads:
-            raise ValueError(f"ChatGLM2: {config.num_key_value_heads} key/value groups do not split over "
-                             f"{config.num_attention_heads // self.num_heads} tensor-parallel ranks")
+        heads, groups = config.num_attention_heads, config.num_key_value_heads
+        self.num_heads = nn.heads_per_rank(heads)
+        ranks = heads // self.num_heads
+        # More ranks than groups: each group is held by ranks / groups neighbouring ranks, whose query heads
+        # are that group's (rank r: heads [r H/T, (r+1) H/T), group r // (T/G)), as vLLM replicates them.
+        self.group_replicas = 1
+        if config.multi_query_attention and ranks > groups:
+            if ranks % groups:
+                raise ValueError(f"ChatGLM2: {groups} key/value groups do not replicate evenly over {ranks} "
+                                 f"tensor-parallel ranks (the size must divide {groups} or be a multiple of it)")
+            self.group_replicas, self.num_groups = ranks // groups, 1
+        else:
+            self.num_groups = groups * self.num_heads // heads
+            if self.num_groups * heads != groups * self.num_heads:
+                raise ValueError(f"ChatGLM2: {groups} key/value groups do not split over {ranks} tensor-parallel ranks")
         self.head_dim = config.kv_channels
-        qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * self.head_dim
+        qkv_size = (heads + 2 * groups) * self.head_dim
         # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
         sections = None
         if config.multi_query_attention:  # Q | K | V blocks, each split (a random init in rank order too)
-            sections = (config.num_attention_heads * self.head_dim,) + (config.num_key_value_heads * self.head_dim,) * 2
+            sections = (heads * self.head_dim,) + (groups * self.head_dim,) * 2
         self.query_key_value = nn.Linear1D(
             config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
             sections=sections,
+            **({"section_replicas": (1, self.group_replicas, self.group_replicas)} if self.group_replicas > 1 else {}),
         )
         self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
                                  bias=config.add_bias_linear, parallel="row")
@@ -232,6 +243,15 @@ class ChatGLM2PreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
+        if isinstance(module, nn.Linear1D) and module.output_replicas is not None and hasattr(module.weight, "to_local"):
+            # Key/value groups replicated over ranks: every copy of a group gets the same numbers (THUDM's
+            # rows drawn whole, with the seed every rank shares; this rank's rows kept).
+            with torch.no_grad():
+                whole = torch.empty(module.out_features, module.in_features).normal_(mean=0.0, std=std)
+                module.weight.to_local().copy_(module.local_rows(whole))
+                if module.bias is not None:
+                    module.bias.to_local().zero_()
+            return
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
