@@ -22,6 +22,11 @@ directly (``enable_gqa``), so the cache and the attention never hold H copies. R
 the first half of each head in interleaved pairs ``(x0, x1), (x2, x3), ...`` with base
 ``10000 * rope_ratio``. Tensors are ``[batch, seq, hidden]`` (THUDM's are ``[seq, batch, hidden]``;
 the numbers are the same). The key/value cache is a transformers ``Cache`` (``DynamicCache``).
+
+Tensor parallel (T ranks, ``shim.nn.Linear1D``): each rank holds H/T query heads and, when T divides G,
+G/T key/value groups; when T is a multiple of G, the one group its heads belong to (rank r: group
+``r // (T/G)``), replicated on T/G neighbouring ranks (``Linear1D(section_replicas=)``), so the cache holds
+one group per rank. Other degrees are a one-line ``ValueError`` (docs/chatglm2.md, "Tensor parallel").
 """
 
 from __future__ import annotations
