@@ -13,7 +13,9 @@ greedy with no stop token, so every run produces exactly --new-tokens tokens.
   same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
   LoRA samples/s finetune steps at ADGEN's shape (see lora_worker); first loss must agree across variants
 
-Variants: ``glm_port`` and ``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
+Variants: ``glm_port`` (the model as ``from_pretrained`` returns it), ``packed`` (the same after
+``shim.nn.pack_linears`` for the run's batch, as ``glm-chat`` and ``glm-generate`` run on CPU) and
+``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
 ``thudm`` (only with CHATGLM2_CODE=/dir holding THUDM's modeling_chatglm.py and configuration_chatglm.py)
 runs its own forward in a greedy loop with its tuple cache, because its ``generate`` hooks predate
 transformers 5.
@@ -34,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("glm_port", "transformers", "thudm")
+VARIANTS = ("glm_port", "packed", "transformers", "thudm")
 PRESETS = {
     "6b-4layers": dict(layers=4, hidden=4096, ffn=13696, heads=32, groups=2, kv_channels=128, vocab=65024),
     "tiny": dict(layers=2, hidden=64, ffn=160, heads=4, groups=2, kv_channels=16, vocab=1024),
@@ -59,7 +61,7 @@ def build(variant: str, args):
     config = _config(args)
     torch.manual_seed(0)
     ours = ChatGLM2ForCausalLM(config)
-    if variant == "glm_port":
+    if variant in ("glm_port", "packed"):
         model = ours
     elif variant == "transformers":
         from transformers import GlmForCausalLM
@@ -151,6 +153,10 @@ def worker(variant: str, batch: int, args) -> dict:
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
     model = build(variant, args)
+    if variant == "packed":
+        from shim.nn import pack_linears
+
+        pack_linears(model, batch_size=batch)
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, args.vocab, (batch, args.prompt), generator=generator).to(args.device)
     greedy(variant, model, prompt[:, :16], 2)  # warm up code paths
@@ -285,14 +291,16 @@ def main(argv=None) -> int:
             return 1
         (rows if flag == "--worker" else lora_rows).append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{'variant':<13} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
-          f"{'decode vs glm_port':>19}")
+          f"{'decode vs glm_port':>19} {'vs transformers':>16}")
     for row in rows:
         ref = next(r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"]) \
             if "glm_port" in variants else row
         same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
+        hf = next((r for r in rows if r["variant"] == "transformers" and r["batch"] == row["batch"]), None)
         print(f"{row['variant']:<13} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
               f"{row['peak_mib']:>9.1f} {same:>12} "
-              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x")
+              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x "
+              f"{row['decode_tok_s'] / hf['decode_tok_s'] if hf else float('nan'):>15.2f}x")
     if lora_rows:
         print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
               f"{args.lora_steps} timed steps:")

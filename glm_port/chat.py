@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-pack", action="store_true",
+                        help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
+                             "where that measures faster for one token; docs/generation.md)")
     parser.add_argument("--prompt", action="append", default=None,
                         help="answer these queries in turn (history kept) and exit, instead of reading the terminal")
     return parser
@@ -100,6 +103,10 @@ def main(argv=None) -> int:
         print("glm-chat: error: --system needs ChatGLM3's chat format (this model's is chatglm2; see --chat-format)",
               file=sys.stderr)
         return 2
+    if not args.no_pack and model.device.type == "cpu":
+        from shim.nn import pack_linears
+
+        pack_linears(model, batch_size=1)
     gen = {"max_new_tokens": args.max_new_tokens}
     gen.update({"do_sample": False} if args.greedy else {"top_p": args.top_p, "temperature": args.temperature})
     start = [] if args.system is None else [{"role": "system", "content": args.system}]
