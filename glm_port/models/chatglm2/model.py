@@ -347,16 +347,16 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
             )
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: getattr(out, _CACHE)})
 
-    # THUDM's chat API (prompt format in the tokenizer's build_prompt).
-    def chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+    # THUDM's chat API: ChatGLM2's [Round i] prompt or ChatGLM3's role tokens, as the tokenizer's chat_format says.
+    def chat(self, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
         from glm_port.models.chatglm2.chat import chat
 
-        return chat(self, tokenizer, query, history, **generate_kwargs)
+        return chat(self, tokenizer, query, history, role, **generate_kwargs)
 
-    def stream_chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+    def stream_chat(self, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
         from glm_port.models.chatglm2.chat import stream_chat
 
-        return stream_chat(self, tokenizer, query, history, **generate_kwargs)
+        return stream_chat(self, tokenizer, query, history, role, **generate_kwargs)
 
 
 def num_parameters_expected(config: ChatGLM2Config) -> int:

@@ -157,13 +157,15 @@ def load_pretrained(directory, dtype=None, device="cpu"):
     return model.eval()
 
 
-def load_tokenizer(directory):
+def load_tokenizer(directory, chat_format=None):
+    """The directory's tokenizer; its chat format (ChatGLM2's or ChatGLM3's) as given, else as the directory's
+    files say (``tokenizer.detect_chat_format``)."""
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
 
     path = os.path.join(directory, "tokenizer.model")
     if not os.path.isfile(path):
         raise WeightsError(f"{path}: missing (ChatGLM2 reads its sentencepiece tokenizer.model)")
-    return ChatGLM2Tokenizer(path)
+    return ChatGLM2Tokenizer(path, chat_format=chat_format)
 
 
 def save_sharded(state: dict, directory, shards: int = 2, fmt: str = "bin") -> None:
