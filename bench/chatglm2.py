@@ -7,14 +7,16 @@ chatglm-cpp's converter for chatglm-cpp. The prompt is random token ids; decodin
 greedy with no stop token, so every run produces exactly --new-tokens tokens.
 
   ttft ms        time to first token: prefill of the whole prompt + one token (``max_new_tokens=1``)
-  decode tok/s   batch * (new_tokens - 1) / (time of the full generation - ttft)
+  decode tok/s   batch * (new_tokens - 1) / (time of the full generation - ttft); nan if that is not > 0
   peak MiB       extra peak memory of the full generation over the loaded model: on CPU the RSS high-water
                  mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
                  ``torch.cuda.max_memory_allocated`` minus what was allocated before
   same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
   LoRA samples/s finetune steps at ADGEN's shape (see lora_worker); first loss must agree across variants
 
-Variants: ``glm_port`` and ``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
+Variants: ``glm_port`` (the model as ``from_pretrained`` returns it), ``packed`` (the same after
+``shim.nn.pack_linears`` for the run's batch, as ``glm-chat`` and ``glm-generate`` run on CPU) and
+``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
 ``thudm`` (only with CHATGLM2_CODE=/dir holding THUDM's modeling_chatglm.py and configuration_chatglm.py)
 runs its own forward in a greedy loop with its tuple cache, because its ``generate`` hooks predate
 transformers 5.
@@ -54,7 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP_VARIANTS = {"chatglm_cpp_f32": "f32", "chatglm_cpp_f16": "f16"}
-VARIANTS = ("glm_port", "transformers", "thudm", *CPP_VARIANTS)
+VARIANTS = ("glm_port", "packed", "transformers", "thudm", *CPP_VARIANTS)
 # What chatglm-cpp's converter loads from a THUDM directory besides the weights and config.json.
 THUDM_FILES = ("modeling_chatglm.py", "configuration_chatglm.py", "tokenization_chatglm.py", "tokenizer.model")
 THUDM_AUTO_MAP = {
@@ -128,7 +130,7 @@ def build(variant: str, args):
 
     config = _config(args)
     ours = seeded(args)
-    if variant == "glm_port":
+    if variant in ("glm_port", "packed"):
         model = ours
     elif variant == "transformers":
         from transformers import GlmForCausalLM
@@ -208,6 +210,11 @@ def _peak_rss() -> int:
     return _status_kib("VmHWM") * 1024
 
 
+def _decode_rate(tokens: int, seconds: float) -> float:
+    """Decode tokens/s; NaN when the median ttft is not below the full run (noise at tiny shapes)."""
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
 def _sync(device):
     import torch
 
@@ -220,6 +227,10 @@ def worker(variant: str, batch: int, args) -> dict:
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
     model = build(variant, args)
+    if variant == "packed":
+        from shim.nn import pack_linears
+
+        pack_linears(model, batch_size=batch)
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, args.vocab, (batch, args.prompt), generator=generator).to(args.device)
     greedy(variant, model, prompt[:, :16], 2)  # warm up code paths
@@ -247,7 +258,7 @@ def worker(variant: str, batch: int, args) -> dict:
         peak = _peak_rss() - baseline
     return {
         "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": batch * (args.new_tokens - 1) / max(total - ttft, 1e-9),
+        "decode_tok_s": _decode_rate(batch * (args.new_tokens - 1), total - ttft),
         "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(),
     }
 
@@ -288,7 +299,7 @@ def cpp_worker(variant: str, ggml_file: str, args) -> dict:
     total = time.perf_counter() - start
     return {
         "variant": variant, "batch": 1, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": (args.new_tokens - 1) / max(total - ttft, 1e-9),
+        "decode_tok_s": _decode_rate(args.new_tokens - 1, total - ttft),
         "peak_mib": (_peak_rss() - baseline) / 2**20, "tokens": tokens,
     }
 
@@ -342,7 +353,7 @@ def build_parser():
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
-                        help="default: glm_port and transformers, plus thudm when CHATGLM2_CODE is set, plus "
+                        help="default: glm_port, packed and transformers, plus thudm when CHATGLM2_CODE is set, plus "
                              "chatglm_cpp_f32/f16 on the CPU when CHATGLM_CPP_PYTHON is set too")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
@@ -454,17 +465,20 @@ def main(argv=None) -> int:
                 return 1
             (rows if flag == "--worker" else lora_rows).append(json.loads(out.strip().splitlines()[-1]))
     print(f"{'variant':<15} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
-          f"{'decode vs glm_port':>19}")
+          f"{'decode vs glm_port':>19} {'vs transformers':>16}")
     for row in rows:
         if row.get("na"):
-            print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} {'n/a':>9} {'n/a':>12} {'n/a':>19}")
+            print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} {'n/a':>9} {'n/a':>12} {'n/a':>19} "
+                  f"{'n/a':>16}")
             continue
         ref = next(r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"]) \
             if "glm_port" in variants else row
         same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
+        hf = next((r for r in rows if r["variant"] == "transformers" and r["batch"] == row["batch"]), None)
         print(f"{row['variant']:<15} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
               f"{row['peak_mib']:>9.1f} {same:>12} "
-              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x")
+              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x "
+              f"{row['decode_tok_s'] / hf['decode_tok_s'] if hf else float('nan'):>15.2f}x")
     if lora_rows:
         print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
               f"{args.lora_steps} timed steps:")

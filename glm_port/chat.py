@@ -2,29 +2,41 @@
 
     glm-chat                       # the embedded random-init tiny model (no downloads; talks nonsense)
     glm-chat --model chatglm2-6b/  # a THUDM directory (or one written by glm-convert --from transformers)
+    glm-chat --model chatglm3-6b/ --system "You are ChatGLM3."   # ChatGLM3's role-token format, found by itself
 
-Commands at the prompt: ``/clear`` forgets the history, ``/exit`` (or end of input) quits.
+The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
+the directory is ChatGLM3's (``--chat-format`` overrides). Commands at the prompt: ``/clear`` forgets the
+history (the system prompt stays), ``/exit`` (or end of input) quits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
 
-from glm_port.models.chatglm2.chat import DEFAULTS, PromptTooLong, stream_chat
+from glm_port.models.chatglm2.chat import DEFAULTS, PromptTooLong, is_chatglm3, stream_chat
+from glm_port.models.chatglm2.tokenizer import CHAT_FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm-chat",
-        description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated. "
+        description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated, in the "
+        "model's own chat format (ChatGLM2's [Round i] prompt or ChatGLM3's role tokens). "
         "At the prompt: /clear forgets the conversation, /exit quits.",
     )
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="ChatGLM2 directory (config.json, weights, tokenizer.model); default: the embedded "
-                        "random-init tiny model, built on the fly with no downloads")
+                        help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
+                        "embedded random-init tiny model, built on the fly with no downloads")
+    parser.add_argument("--chat-format", choices=CHAT_FORMATS, default=None,
+                        help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
+                        "Default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
+                        "embedded model")
+    parser.add_argument("--system", metavar="TEXT", default=None,
+                        help="ChatGLM3 only: a system prompt, the first message of every conversation")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="default: float32 on CPU, bfloat16 on a GPU")
@@ -33,31 +45,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-pack", action="store_true",
+                        help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
+                             "where that measures faster for one token; docs/generation.md)")
     parser.add_argument("--prompt", action="append", default=None,
                         help="answer these queries in turn (history kept) and exit, instead of reading the terminal")
     return parser
 
 
-def load(model_dir, device="cpu", dtype=None):
-    """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None."""
+def load(model_dir, device="cpu", dtype=None, chat_format=None):
+    """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
+    ``chat_format`` None: the directory's own (the embedded model: chatglm2)."""
     if model_dir is None:
         from glm_port.models.chatglm2.tiny import build_tiny
 
-        model, tokenizer = build_tiny()
+        model, tokenizer = build_tiny(chat_format=chat_format or "chatglm2")
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
     from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
 
     config = check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, chat_format=chat_format)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({config.padded_vocab_size})")
     return load_pretrained(model_dir, dtype=dtype, device=device), tokenizer
 
 
+def _text(response) -> str:
+    """A reply as printed: ChatGLM3's tool calls (dicts) as JSON."""
+    return response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
+
+
 def _turn(model, tokenizer, query, history, gen, out):
     printed = ""
     for response, history in stream_chat(model, tokenizer, query, history, **gen):
+        response = _text(response)
         out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
         out.flush()
         printed = response
@@ -72,13 +94,23 @@ def main(argv=None) -> int:
     if args.seed is not None:
         torch.manual_seed(args.seed)
     try:
-        model, tokenizer = load(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
+        model, tokenizer = load(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None,
+                                args.chat_format)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
         return 2
+    if args.system is not None and not is_chatglm3(tokenizer):
+        print("glm-chat: error: --system needs ChatGLM3's chat format (this model's is chatglm2; see --chat-format)",
+              file=sys.stderr)
+        return 2
+    if not args.no_pack and model.device.type == "cpu":
+        from shim.nn import pack_linears
+
+        pack_linears(model, batch_size=1)
     gen = {"max_new_tokens": args.max_new_tokens}
     gen.update({"do_sample": False} if args.greedy else {"top_p": args.top_p, "temperature": args.temperature})
-    history, out = [], sys.stdout
+    start = [] if args.system is None else [{"role": "system", "content": args.system}]
+    history, out = list(start), sys.stdout
     if args.prompt:
         for query in args.prompt:
             out.write(f"用户：{query}\nChatGLM：")
@@ -89,7 +121,8 @@ def main(argv=None) -> int:
                 return 2
         return 0
     name = args.model or "the embedded random-init chatglm2-tiny model"
-    out.write(f"glm-chat on {name}: /clear forgets the conversation, /exit quits.\n")
+    out.write(f"glm-chat on {name} ({tokenizer.chat_format} chat format): /clear forgets the conversation, "
+              "/exit quits.\n")
     while True:
         try:
             query = input("\n用户：").strip()
@@ -99,7 +132,7 @@ def main(argv=None) -> int:
         if query == "/exit":
             return 0
         if query == "/clear":
-            history = []
+            history = list(start)
             out.write("(conversation cleared)\n")
             continue
         if not query:

@@ -23,16 +23,22 @@ tensor-parallel size), and ``full_adapter_state_dict`` gathers the slices back f
 
 A fused layer whose output is several blocks split separately (Q|K|V) names its blocks' sizes in the
 natural order: ``output_sections`` on the layer, else ``stride`` equal blocks (``Linear1D(stride=3)``).
+With replicated sections (``Linear1D(section_replicas=)``: ChatGLM2's key/value groups on more ranks than
+groups) ``lora_B`` holds the rows the base holds, the same part of a group on each of its ranks: those
+rows' gradients are summed over the ranks holding them (the layer's ``sum_replica_grads``), so the copies
+take the same steps, the extra copies are left out of the clipped norm, and the whole adapter is read
+back from the first rank holding each part.
 """
 
 from __future__ import annotations
 
 import peft
 import torch
+import torch.nn.functional as F
 from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from shim.nn.tensor_parallel import Linear1D, _is_dtensor
+from shim.nn.tensor_parallel import Linear1D, _is_dtensor, section_part, sections_whole
 
 __all__ = ["TensorParallelLoraLinear", "full_adapter_state_dict", "lora_config", "register"]
 
@@ -52,6 +58,11 @@ def _sections(base) -> list[int]:
     if sections is None:
         sections = [base.out_features // base.stride] * base.stride
     return list(sections)
+
+
+def _replicas(base):
+    """How many ranks hold each section's part (None: one each)."""
+    return getattr(base, "output_replicas", None)
 
 
 class TensorParallelLoraLinear(LoraLinear):
@@ -82,8 +93,8 @@ class TensorParallelLoraLinear(LoraLinear):
         if self.split == "row" and kind == "A":
             return full.chunk(self.tp_size, dim=1)[self.tp_rank]
         if self.split == "col" and kind == "B":
-            blocks = full.split(_sections(self.get_base_layer()), dim=0)
-            return torch.cat([b.chunk(self.tp_size, dim=0)[self.tp_rank] for b in blocks], dim=0)
+            base = self.get_base_layer()
+            return section_part(full, _sections(base), self.tp_rank, self.tp_size, _replicas(base))
         return full
 
     def _whole(self, kind: str, local: torch.Tensor) -> torch.Tensor:
@@ -97,9 +108,8 @@ class TensorParallelLoraLinear(LoraLinear):
         gathered = parts.redistribute(self.mesh, [Replicate()]).to_local()  # the ranks' parts in rank order
         if kind == "A":
             return gathered
-        sizes = [s // self.tp_size for s in _sections(self.get_base_layer())]
-        per_rank = [p.split(sizes, dim=0) for p in gathered.chunk(self.tp_size, dim=0)]
-        return torch.cat([per_rank[r][b] for b in range(len(sizes)) for r in range(self.tp_size)], dim=0)
+        base = self.get_base_layer()
+        return sections_whole(gathered.chunk(self.tp_size, dim=0), _sections(base), _replicas(base))
 
     def update_layer(self, adapter_name, r, lora_alpha, config, **kwargs):
         super().update_layer(adapter_name, r, lora_alpha, config=config, **kwargs)
@@ -115,6 +125,8 @@ class TensorParallelLoraLinear(LoraLinear):
                 layer.weight = nn.Parameter(part.clone(), requires_grad=layer.weight.requires_grad)
                 layer.weight.model_parallel = True  # a per-rank shard (gradient clipping sums its norm)
                 layer.in_features, layer.out_features = part.shape[1], part.shape[0]
+                if kind == "B" and self.split == "col":  # rows other ranks hold too: counted once
+                    self.get_base_layer().mark_duplicate_rows(layer.weight)
 
     @staticmethod
     def _slice_loaded(self, state_dict, prefix, *args):
@@ -160,7 +172,14 @@ class TensorParallelLoraLinear(LoraLinear):
             elif self.split == "row":  # the partial products summed before lora_B
                 h = DTensor.from_local(h, self.mesh, [Partial()], run_check=False).redistribute(
                     self.mesh, [Replicate()]).to_local()
-            out = out + lora_B(h) * self.scaling[name]
+            if self.split == "col" and _replicas(self.get_base_layer()) is not None:
+                # Replicated rows (a key/value group on several ranks): their gradients summed over its ranks.
+                base = self.get_base_layer()
+                base.mark_duplicate_rows(lora_B.weight)  # (again, should the parameter have been replaced)
+                delta = F.linear(h, base.sum_replica_grads(lora_B.weight), lora_B.bias)
+            else:
+                delta = lora_B(h)
+            out = out + delta * self.scaling[name]
         return out.to(dtype)
 
     def _dropout(self, name, x):

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and compute precision (default fp32)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the accelerator if any)")
     run.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
+    run.add_argument("--no-pack", action="store_true",
+                     help="on CPU, keep the linear weights as loaded (default: repack each weight shape into "
+                          "oneDNN's layout where that measures faster for a decode step; docs/generation.md)")
     run.add_argument("--tensor-parallel-size", type=int, default=1,
                      help="split every layer over this many ranks (launch with torchrun)")
     run.add_argument("--pipeline-parallel-size", type=int, default=1,
@@ -155,6 +158,8 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
     import shim as torch
     from transformers import StoppingCriteriaList
 
+    from shim.nn import pack_linears
+
     from glm_port.generation.parallel import InferenceParallel
 
     for name in ("max_new_tokens", "batch_size", "num_beams", "num_return_sequences", "tensor_parallel_size",
@@ -175,6 +180,9 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
                                         tensor_parallel=parallel.model_parallel())
         parallel.seed(args.seed)
         mine = list(parallel.my_prompts(len(prompts)))
+        if not args.no_pack and model.device.type == "cpu":
+            rows = min(args.batch_size, max(len(mine), 1)) * max(args.num_beams, args.num_return_sequences)
+            pack_linears(model, batch_size=rows)
         clock = FirstTokenClock()
         start = time.perf_counter()
         with torch.inference_mode():

@@ -3,7 +3,8 @@
 ``torchrun --nproc_per_node N -m glm_port.generate --tensor-parallel-size T --pipeline-parallel-size P``:
 shim's ``setup_layout`` lays the N ranks out as (pipeline, data, tensor) with D = N / (T * P); the
 model's layers are built split over the T tensor-parallel ranks and each rank reads its own slices of the
-weights; with P > 1 each rank builds and reads only its stage's layers (split over the stage's T ranks). Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
+weights (for ChatGLM2, T may exceed its key/value groups when it is a multiple of them: each group is then
+held by T / groups ranks); with P > 1 each rank builds and reads only its stage's layers (split over the stage's T ranks). Every rank of a tensor-parallel group runs the same search on the same (gathered) logits, so
 they pick the same tokens; sampling uses one seed, broadcast from rank 0. Data parallel splits the
 prompts: rank group d takes prompts d, d + D, ...; global rank 0 gathers and writes the results.
 """

@@ -21,11 +21,26 @@ def _is_split(param) -> bool:
     return bool(getattr(param, "model_parallel", False))
 
 
+def _counted_rows(grad, param) -> list:
+    # A split parameter may also hold rows another rank holds (``Linear1D(section_replicas=)``): that rank
+    # counts them, this one leaves out the ranges ``tensor_parallel_duplicate_rows`` lists.
+    duplicates = getattr(param, "tensor_parallel_duplicate_rows", None)
+    if not duplicates:
+        return [grad]
+    kept, start = [], 0
+    for begin, end in sorted(duplicates):
+        kept.append(grad[start:begin])
+        start = end
+    kept.append(grad[start:])
+    return [g for g in kept if g.numel()]
+
+
 def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2) -> float:
     """Scale gradients in place so their global norm is at most ``max_norm``; return that norm.
 
     Split parameters' gradients add up across the model-parallel group; replicated
-    ones count once. ``norm_type`` may be ``inf``.
+    ones count once, and so do rows of a split parameter that several ranks hold
+    (``tensor_parallel_duplicate_rows``). ``norm_type`` may be ``inf``.
     """
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
@@ -34,7 +49,7 @@ def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2) -> float:
         return 0.0
     norm_type = float(norm_type)
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
-    split = [g for g, p in zip(local, params) if _is_split(p)]
+    split = [piece for g, p in zip(local, params) if _is_split(p) for piece in _counted_rows(g, p)]
     replicated = [g for g, p in zip(local, params) if not _is_split(p)]
     # Local norms by torch's own (foreach) reduction, combined across ranks as norm**p sums (or maxima).
     norms = torch.stack([get_total_norm(gs, norm_type).float() if gs else local[0].new_zeros((), dtype=torch.float32)

@@ -33,6 +33,16 @@ wrapping itself instead of ``parallelize_module``'s hooks.
 rank order (Megatron's per-rank checkpoints, concatenated); ``strided_order``
 converts between that order and the natural one. ``sections`` does the same for blocks of unequal
 sizes (ChatGLM2's ``[Q heads | K groups | V groups]``): rank ``r`` holds each block's ``r``-th part.
+
+``section_replicas`` (with ``sections``; vLLM's key/value head replication): block ``b`` is cut into
+``tensor_parallel_size / section_replicas[b]`` parts only, and ``section_replicas[b]`` neighbouring ranks
+hold the same part (ChatGLM2's 2 key/value groups on 4 ranks: ranks 0, 1 hold group 0; ranks 2, 3 group 1).
+The layer's DTensor then lists each rank's rows in rank order, so a replicated part appears once per rank
+holding it (more rows than ``out_features``); ``section_part`` / ``sections_whole`` convert between a
+natural-order tensor and the ranks' parts. Training stays one process's arithmetic: the replicated rows'
+gradients are summed over the ranks holding them (in the backward of ``forward``), so the copies take the
+same steps, and every copy but the first is marked ``tensor_parallel_duplicate_rows`` on its parameter,
+rows that ``shim.mpu.clip_grad_norm`` leaves out of the norm.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from torch.nn import functional as F
 
 from shim.distributed.layout import current_layout, ensure_divisible, layer_mesh
 
-__all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "strided_order"]
+__all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "section_part", "sections_whole", "strided_order"]
 
 _PARALLEL_MODES = ("col", "row", "data")
 
@@ -104,6 +114,7 @@ class Linear1D(nn.Linear):
         stride: int = 1,
         skip_bias_add: bool = False,
         sections: Sequence[int] | None = None,
+        section_replicas: Sequence[int] | None = None,
         device=None,
         dtype=None,
     ):
@@ -118,8 +129,19 @@ class Linear1D(nn.Linear):
             if parallel != "col" or stride != 1 or sum(sections) != out_features:
                 raise ValueError(f"Linear1D sections={tuple(sections)}: column-split only, without stride, "
                                  f"summing to out_features ({out_features})")
-            for size in sections:
-                ensure_divisible(size, tp_size, "Linear1D(parallel='col') section", "tensor_parallel_size")
+            replicas = tuple(section_replicas) if section_replicas is not None else (1,) * len(sections)
+            if len(replicas) != len(sections) or min(replicas) < 1:
+                raise ValueError(f"Linear1D section_replicas={replicas}: one count of at least 1 per section "
+                                 f"({len(sections)} sections)")
+            if tp_size == 1:
+                replicas = (1,) * len(sections)  # one process holds every section whole
+            for size, copies in zip(sections, replicas):
+                parts = ensure_divisible(tp_size, copies, "tensor_parallel_size", "Linear1D section_replicas") \
+                    if copies > 1 else tp_size
+                ensure_divisible(size, parts, "Linear1D(parallel='col') section",
+                                 "tensor_parallel_size" if copies == 1 else "tensor_parallel_size / section_replicas")
+        elif section_replicas is not None:
+            raise ValueError("Linear1D section_replicas needs sections")
         elif parallel != "data":
             by = "tensor_parallel_size" if stride == 1 else f"tensor_parallel_size * stride ({tp_size} * {stride})"
             ensure_divisible(split_size, tp_size * stride, what, by)
@@ -127,6 +149,8 @@ class Linear1D(nn.Linear):
         self.parallel, self.layer_idx, self.stride = parallel, layer_idx, stride
         # The output rows' natural blocks, each split over the ranks (stride: equal blocks); LoRA reads them.
         self.output_sections = tuple(sections) if sections is not None else None
+        # How many neighbouring ranks hold each section's part (None: one each, every section split T ways).
+        self.output_replicas = replicas if sections is not None and max(replicas) > 1 else None
         self.skip_bias_add = skip_bias_add
         if init_method is not None:
             with torch.no_grad():
@@ -137,9 +161,14 @@ class Linear1D(nn.Linear):
             return
         if sections is not None:
             with torch.no_grad():
-                self.weight.copy_(_sections_order(self.weight, sections, tp_size))
-                if self.bias is not None:
-                    self.bias.copy_(_sections_order(self.bias, sections, tp_size))
+                if self.output_replicas is None:
+                    self.weight.copy_(_sections_order(self.weight, sections, tp_size))
+                    if self.bias is not None:
+                        self.bias.copy_(_sections_order(self.bias, sections, tp_size))
+                else:  # a replicated part appears once per rank holding it: more rows than out_features
+                    self.weight = nn.Parameter(_sections_order(self.weight, sections, tp_size, replicas))
+                    if self.bias is not None:
+                        self.bias = nn.Parameter(_sections_order(self.bias, sections, tp_size, replicas))
         if stride > 1:
             with torch.no_grad():
                 self.weight.copy_(strided_order(self.weight, 0 if parallel == "col" else 1, stride, tp_size))
@@ -148,9 +177,13 @@ class Linear1D(nn.Linear):
         from torch.distributed.tensor import Replicate, Shard, distribute_module
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        if skip_bias_add:
+        if skip_bias_add or self.output_replicas is not None:
             # Weights only: forward wraps its input itself and returns local tensors.
             distribute_module(self, _tensor_parallel_mesh(layer_idx), _shard_linear(parallel))
+            if self.output_replicas is not None:
+                self._replica_rows, self._duplicate_rows = _replica_rows(
+                    sections, replicas, self.weight.device_mesh.get_local_rank(), tp_size)
+                self.mark_duplicate_rows(self.weight, self.bias)
             return
         if parallel == "col":
             style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
@@ -159,13 +192,20 @@ class Linear1D(nn.Linear):
         parallelize_module(self, _tensor_parallel_mesh(layer_idx), style)
 
     def forward(self, x):
-        if not self.skip_bias_add:
+        replicated = self.output_replicas is not None and _is_dtensor(self.weight)
+        if not self.skip_bias_add and not replicated:
             return super().forward(x)
         if not _is_dtensor(self.weight):
             return F.linear(x, self.weight), self.bias
-        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
         mesh = self.weight.device_mesh
+        if replicated:  # whole input (its gradient summed over the ranks), this rank's rows: plain tensors
+            self.mark_duplicate_rows(self.weight, self.bias)  # (again: a dtype change swaps the parameters)
+            weight = self.sum_replica_grads(self.weight.to_local())
+            bias = None if self.bias is None else self.sum_replica_grads(self.bias.to_local())
+            x = DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+            return (F.linear(x, weight), bias) if self.skip_bias_add else F.linear(x, weight, bias)
         if self.parallel == "col":  # whole input, this rank's output columns
             out = F.linear(DTensor.from_local(x, mesh, [Replicate()], run_check=False), self.weight).to_local()
         else:  # this rank's input slice, outputs summed over the ranks
@@ -175,7 +215,32 @@ class Linear1D(nn.Linear):
 
     def extra_repr(self) -> str:
         stride = f", stride={self.stride}" if self.stride > 1 else ""
-        return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}{stride}"
+        replicas = f", section_replicas={self.output_replicas}" if self.output_replicas else ""
+        return f"{super().extra_repr()}, parallel={self.parallel!r}, layer_idx={self.layer_idx}{stride}{replicas}"
+
+    # ---- replicated sections (section_replicas) -----------------------------------------------------------
+
+    def local_rows(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's rows, in the layer's row layout, of a tensor in the natural order of ``sections``
+        (the weight, the bias, a LoRA ``B``), replicated sections included; ``whole`` in one process."""
+        if self.output_sections is None or not _is_dtensor(self.weight):
+            raise ValueError("Linear1D.local_rows is for a layer with sections under tensor parallel")
+        mesh = self.weight.device_mesh
+        return section_part(whole, self.output_sections, mesh.get_local_rank(), mesh.size(), self.output_replicas)
+
+    def sum_replica_grads(self, local: torch.Tensor) -> torch.Tensor:
+        """``local`` (a tensor in this rank's row layout: the weight's, the bias's, a LoRA ``B``'s) as is,
+        whose backward sums the replicated rows' gradients over the ranks holding the same part."""
+        if self.output_replicas is None or not hasattr(self, "_replica_rows"):
+            return local
+        return _SumReplicaGrads.apply(local, self._replica_rows, self.weight.device_mesh.get_group())
+
+    def mark_duplicate_rows(self, *params) -> None:
+        """Mark, on parameters in this rank's row layout, the rows another rank also holds and counts
+        (``tensor_parallel_duplicate_rows``: ``(start, stop)`` ranges; gradient clipping leaves them out)."""
+        for param in params:
+            if param is not None and getattr(self, "_duplicate_rows", None):
+                param.tensor_parallel_duplicate_rows = self._duplicate_rows
 
 
 def _shard_linear(parallel: str):
@@ -204,10 +269,75 @@ def strided_order(tensor: torch.Tensor, dim: int, stride: int, parts: int) -> to
     return torch.cat([pieces[block * parts + part] for part in range(parts) for block in range(stride)], dim=dim)
 
 
-def _sections_order(tensor: torch.Tensor, sections: Sequence[int], parts: int) -> torch.Tensor:
+def section_part(tensor: torch.Tensor, sections: Sequence[int], rank: int, size: int,
+                 replicas: Sequence[int] | None = None) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``tensor``, whose rows are blocks of ``sections`` sizes in natural order
+    (``[A | B | C]``): ``[A_r; B_r; C_r]``, block ``b`` cut into ``size / replicas[b]`` parts of which the
+    rank holds part ``rank // replicas[b]``."""
+    replicas = replicas or (1,) * len(sections)
+    blocks = tensor.split(list(sections), dim=0)
+    return torch.cat([block.chunk(size // k, dim=0)[rank // k] for block, k in zip(blocks, replicas)], dim=0)
+
+
+def sections_whole(parts: Sequence[torch.Tensor], sections: Sequence[int],
+                   replicas: Sequence[int] | None = None) -> torch.Tensor:
+    """The natural-order tensor from every rank's part (``section_part``'s inverse; ``parts`` in rank order,
+    a replicated block read from the first rank holding each of its parts)."""
+    size = len(parts)
+    replicas = replicas or (1,) * len(sections)
+    local = [s // (size // k) for s, k in zip(sections, replicas)]
+    split = [part.split(local, dim=0) for part in parts]
+    return torch.cat([split[r][b] for b, k in enumerate(replicas) for r in range(0, size, k)], dim=0)
+
+
+def _sections_order(tensor: torch.Tensor, sections: Sequence[int], parts: int,
+                    replicas: Sequence[int] | None = None) -> torch.Tensor:
     """Rows ``[A | B | C]`` (blocks of ``sections`` sizes) to ``[A_0 B_0 C_0 | A_1 B_1 C_1 | ...]``: rank order."""
-    blocks = [block.chunk(parts, dim=0) for block in tensor.split(list(sections), dim=0)]
-    return torch.cat([blocks[b][part] for part in range(parts) for b in range(len(blocks))], dim=0)
+    return torch.cat([section_part(tensor, sections, rank, parts, replicas) for rank in range(parts)], dim=0)
+
+
+def _replica_rows(sections, replicas, rank: int, size: int):
+    """For this rank's row layout: ``(start, stop, slot, slots)`` of each replicated section (its part is
+    slot ``rank // k`` of ``size // k``), and the ``(start, stop)`` rows another rank counts (this rank is
+    not the first holding them)."""
+    summed, duplicates, start = [], [], 0
+    for size_b, k in zip(sections, replicas):
+        stop = start + size_b // (size // k)
+        if k > 1:
+            summed.append((start, stop, rank // k, size // k))
+            if rank % k:
+                duplicates.append((start, stop))
+        start = stop
+    return tuple(summed), tuple(duplicates)
+
+
+class _SumReplicaGrads(torch.autograd.Function):
+    """Identity; backward: each replicated row block's gradient summed over the ranks holding that part.
+
+    One all-reduce over the tensor-parallel group: every rank writes its block into its part's slot of a
+    zero buffer, so slot ``p`` sums the gradients of part ``p``'s holders.
+    """
+
+    @staticmethod
+    def forward(ctx, local, rows, group):
+        ctx.rows, ctx.group = rows, group
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        buffers = []
+        for start, stop, slot, slots in ctx.rows:
+            buffer = grad.new_zeros((slots, stop - start, *grad.shape[1:]))
+            buffer[slot] = grad[start:stop]
+            buffers.append(buffer)
+        flat = torch.cat([b.flatten() for b in buffers])
+        torch.distributed.all_reduce(flat, group=ctx.group)
+        offset = 0
+        for (start, stop, slot, slots), buffer in zip(ctx.rows, buffers):
+            grad[start:stop] = flat[offset:offset + buffer.numel()].view_as(buffer)[slot]
+            offset += buffer.numel()
+        return grad, None, None
 
 
 class VocabParallelEmbedding(nn.Embedding):

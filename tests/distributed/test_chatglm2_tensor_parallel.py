@@ -1,6 +1,10 @@
 """ChatGLM2 under tensor parallel 2 (gloo, 2 processes) = one process: logits, padded batches, decoding with
 the cache (fp32, 1e-5); query heads split, the 2 key/value groups one per rank, SwiGLU halves split together;
-glm-generate's loader reading each rank's slices from a directory gives the same tokens."""
+glm-generate's loader reading each rank's slices from a directory gives the same tokens.
+
+Tensor parallel 4 on the same 2 groups (gloo, 4 processes): each group replicated on 2 ranks (rank r holds
+query head r and group r // 2), the same logits, padded batches, cached decoding, greedy tokens and
+directory loading; gradients and the clipped norm of one process; an impossible degree is one line."""
 
 import pytest
 import torch
@@ -12,7 +16,7 @@ SMALL = dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, kv_channels=16, n
              multi_query_group_num=2, padded_vocab_size=128, seq_length=64)
 
 
-def _pair(**overrides):
+def _pair(tp=2, **overrides):
     from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM
     from glm_port.models.chatglm2.weights import load_tensor_parallel
 
@@ -22,7 +26,7 @@ def _pair(**overrides):
     with torch.no_grad():
         for p in whole.parameters():
             p.normal_(0, 0.3)
-    sdist.setup_dist_util(tensor_parallel_size=2)
+    sdist.setup_dist_util(tensor_parallel_size=tp)
     try:
         split = ChatGLM2ForCausalLM(config).eval()
     finally:
@@ -72,7 +76,7 @@ def check_without_multi_query_attention():
         torch.testing.assert_close(split(ids).logits, whole(ids).logits, **TOL)
 
 
-def check_glm_generate_loads_split_weights():
+def check_glm_generate_loads_split_weights(tp=2):
     import shutil
     import tempfile
 
@@ -88,9 +92,9 @@ def check_glm_generate_loads_split_weights():
     save_sharded(dict(whole.state_dict()), directory, shards=2, fmt="safetensors")
     whole.config.save_pretrained(directory)
     tok.save_pretrained(directory)
-    sdist.setup_dist_util(tensor_parallel_size=2)
+    sdist.setup_dist_util(tensor_parallel_size=tp)
     try:
-        split, _ = generation.load(directory, dtype="fp32", device="cpu", tensor_parallel=ModelParallel(2, dist.get_rank()))
+        split, _ = generation.load(directory, dtype="fp32", device="cpu", tensor_parallel=ModelParallel(tp, dist.get_rank()))
     finally:
         sdist.reset_dist_util()
         shutil.rmtree(directory, ignore_errors=True)
@@ -111,3 +115,133 @@ def two_ranks(launch):
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_on_two_ranks(two_ranks, name):
     two_ranks.assert_passed(name)
+
+
+# ---- tensor parallel 4 on 2 key/value groups: each group on 2 ranks --------------------------------------
+
+
+def tp4_layers_hold_one_head_and_their_group():
+    import torch.distributed as dist
+
+    whole, split = _pair(tp=4)
+    rank = dist.get_rank()
+    attn = split.transformer.encoder.layers[0].self_attention
+    assert (attn.num_heads, attn.num_groups, attn.group_replicas) == (1, 1, 2)
+    local = attn.query_key_value.weight.to_local()
+    assert local.shape == ((1 + 2 * 1) * 16, 64)
+    # THUDM's rows: query head r, then key and value group r // 2 (groups 0, 0, 1, 1 on ranks 0..3).
+    q, k, v = whole.transformer.encoder.layers[0].self_attention.query_key_value.weight.split([64, 32, 32])
+    group = rank // 2
+    expected = torch.cat([q[16 * rank:16 * (rank + 1)], k[16 * group:16 * (group + 1)], v[16 * group:16 * (group + 1)]])
+    torch.testing.assert_close(local, expected, rtol=0, atol=0)
+    bias = attn.query_key_value.bias.to_local()
+    qb, kb, vb = whole.transformer.encoder.layers[0].self_attention.query_key_value.bias.split([64, 32, 32])
+    torch.testing.assert_close(bias, torch.cat([qb[16 * rank:16 * (rank + 1)], kb[16 * group:16 * (group + 1)],
+                                                vb[16 * group:16 * (group + 1)]]), rtol=0, atol=0)
+    # The ranks that share a group mark its rows once: rank 1 and 3 leave them out of the gradient norm.
+    assert getattr(attn.query_key_value.weight, "tensor_parallel_duplicate_rows", ()) == (() if rank % 2 == 0 else ((16, 32), (32, 48)))
+
+
+def tp4_random_init_keeps_the_copies_of_a_group_equal():
+    import torch.distributed as dist
+
+    from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM
+
+    torch.manual_seed(0)
+    sdist.setup_dist_util(tensor_parallel_size=4)
+    try:
+        split = ChatGLM2ForCausalLM(ChatGLM2Config(**SMALL))
+    finally:
+        sdist.reset_dist_util()
+    for layer in split.transformer.encoder.layers:
+        kv = layer.self_attention.query_key_value.weight.to_local()[16:].contiguous()
+        gathered = [torch.empty_like(kv) for _ in range(4)]
+        dist.all_gather(gathered, kv)
+        assert torch.equal(gathered[0], gathered[1]) and torch.equal(gathered[2], gathered[3])
+        assert not torch.equal(gathered[0], gathered[2])  # two different groups
+        assert 0.01 < float(kv.std()) < 0.03  # initializer_range 0.02
+
+
+def tp4_logits_and_padding():
+    whole, split = _pair(tp=4)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        torch.testing.assert_close(split(ids).logits, whole(ids).logits, **TOL)
+        torch.testing.assert_close(split(ids, attention_mask=mask, position_ids=positions).logits,
+                                   whole(ids, attention_mask=mask, position_ids=positions).logits, **TOL)
+
+
+def tp4_decoding_with_cache():
+    whole, split = _pair(tp=4)
+    ids = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(split.generate(ids, **kw), whole.generate(ids, **kw))
+        a, b = whole(ids, use_cache=True), split(ids, use_cache=True)
+        assert b.cache.layers[0].keys.shape == (2, 1, 8, 16)  # one key/value group on each rank
+        token = a.logits[:, -1:].argmax(-1)
+        torch.testing.assert_close(split(token, cache=b.cache).logits, whole(token, cache=a.cache).logits, **TOL)
+
+
+def tp4_gradients_and_clipped_norm():
+    """One backward: each rank's gradient is its slice of one process's (a group's rows summed over the
+    2 ranks holding it), and Megatron's clip sees one process's norm (the copies counted once)."""
+    import torch.distributed as dist
+
+    from glm_port.models.chatglm2.weights import tensor_parallel_slice
+    from shim import mpu
+
+    whole, split = _pair(tp=4)
+    sdist.setup_dist_util(tensor_parallel_size=4)  # the clip's tensor-parallel group
+    try:
+        ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(4))
+        whole(ids, labels=ids).loss.backward()
+        split(ids, labels=ids).loss.backward()
+        grads = dict(whole.named_parameters())
+        for name, param in split.named_parameters():
+            local = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+            expected = tensor_parallel_slice(name, grads[name].grad, whole.config, dist.get_rank(), 4)
+            torch.testing.assert_close(local, expected, rtol=1e-4, atol=1e-5, msg=name)
+        reference = torch.nn.utils.clip_grad_norm_(whole.parameters(), 0.5)
+        norm = mpu.clip_grad_norm(list(split.parameters()), 0.5)
+        assert norm == pytest.approx(float(reference), rel=1e-5)
+    finally:
+        sdist.reset_dist_util()
+
+
+def tp4_glm_generate_loads_split_weights():
+    check_glm_generate_loads_split_weights(tp=4)
+
+
+def tp4_impossible_degrees_are_one_line():
+    from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM
+
+    sdist.setup_dist_util(tensor_parallel_size=4)
+    try:
+        for overrides, message in (
+            (dict(num_attention_heads=12, multi_query_group_num=3, kv_channels=8),
+             "ChatGLM2: 3 key/value groups do not replicate evenly over 4 tensor-parallel ranks"),
+            (dict(num_attention_heads=6, kv_channels=8), "num_attention_heads (6) is not divisible by "
+                                                         "tensor_parallel_size (4)"),
+        ):
+            with pytest.raises(ValueError) as error:
+                ChatGLM2ForCausalLM(ChatGLM2Config(**{**SMALL, **overrides}))
+            assert message in str(error.value) and "\n" not in str(error.value), error.value
+    finally:
+        sdist.reset_dist_util()
+
+
+TP4_CHECKS = {name: check for name, check in globals().items() if name.startswith("tp4_")}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(launch):
+    return launch(TP4_CHECKS, world_size=4)
+
+
+@pytest.mark.parametrize("name", list(TP4_CHECKS))
+def test_on_four_ranks_with_two_key_value_groups(four_ranks, name):
+    four_ranks.assert_passed(name)

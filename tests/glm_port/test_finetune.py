@@ -106,17 +106,17 @@ def test_a_missing_field_names_file_line_and_field(tmp_path, capsys):
 TP_ARGV = ["--do_eval", "false", "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "3e-3"]
 
 
-def _rank_main(rank, port, out_dir, runs):
+def _rank_main(rank, port, out_dir, runs, world=2):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2")
+                      WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     for index, argv in enumerate(runs):
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
-                main([*argv, "--tensor_parallel_degree", "2"])
+                main([*argv, "--tensor_parallel_degree", str(world)])
         except BaseException:
             out.write("FAILED\n" + traceback.format_exc())
         Path(out_dir, f"rank{rank}_{index}.txt").write_text(out.getvalue())
@@ -124,23 +124,25 @@ def _rank_main(rank, port, out_dir, runs):
         dist.destroy_process_group()
 
 
-def _run_two_ranks(tmp_path, *runs):
-    """glm-finetune on 2 forked ranks (gloo, tensor parallel 2), once per argv of ``runs``; rank 0's logs."""
+def _run_two_ranks(tmp_path, *runs, world=2):
+    """glm-finetune on 2 (``world``) forked ranks (gloo, tensor parallel 2 / ``world``), once per argv of
+    ``runs``; rank 0's logs."""
     assert not dist.is_initialized()
     runs = runs or ([*TP_ARGV, "--output_dir", str(tmp_path / "tp")],)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(map(tuple, runs))), nprocs=2,
-                                 start_method="fork", join=False)
+    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(map(tuple, runs)), world),
+                                 nprocs=world, start_method="fork", join=False)
     deadline = time.monotonic() + 240
     while not context.join(timeout=max(1.0, deadline - time.monotonic())):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("2-rank glm-finetune did not finish in 240 s")
+            pytest.fail(f"{world}-rank glm-finetune did not finish in 240 s")
     logs = []
     for index in range(len(runs)):
         log = (tmp_path / f"rank0_{index}.txt").read_text()
-        assert "FAILED" not in log and "FAILED" not in (tmp_path / f"rank1_{index}.txt").read_text(), log
+        for rank in range(1, world):
+            assert "FAILED" not in log and "FAILED" not in (tmp_path / f"rank{rank}_{index}.txt").read_text(), log
         logs.append(log)
     return logs
 
@@ -241,6 +243,36 @@ def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(
     tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
     assert tp_adapter.keys() == one_adapter.keys()
     for key, value in one_adapter.items():  # whole, in THUDM's row order
+        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
+
+
+def test_tensor_parallel_4_on_chatglm2s_2_key_value_groups_trains_as_one_process(tmp_path, capsys):
+    """TP 4 on the tiny ChatGLM2's 2 key/value groups: each group is held by 2 ranks (lora_B's rows for it
+    too), their gradients summed over its ranks and counted once in the clipped norm, so LoRA and a full
+    finetune log one process's losses, and the adapter saved is one process's whole adapter."""
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    full = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
+            "--per_device_train_batch_size", "32", "--max_grad_norm", "0.05"]  # a norm that clips every step
+    argv = [*full, "--lora", "--lora_target_modules", "query_key_value"]
+    logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
+                          [*full, "--output_dir", str(tmp_path / "tp_full")], world=4)
+    for log, run in zip(logs, (argv, full)):
+        parallel = _losses(log)
+        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
+        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    from safetensors.torch import load_file
+
+    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert tp_adapter.keys() == one_adapter.keys()
+    for key, value in one_adapter.items():
         torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
 
 

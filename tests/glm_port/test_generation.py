@@ -196,3 +196,23 @@ def test_prompt_longer_than_positions_is_one_error(tokenizer):
     model = tiny_model(tokenizer.vocab_size, positions=8)
     with pytest.raises(ValueError, match="longer than the model's 8 positions"):
         fill_blanks(model, tokenizer, ["a b c d e f g h i j [MASK]"], max_new_tokens=2)
+
+
+def test_packed_linears_fill_the_same_blanks(tokenizer):
+    """glm-generate packs the linears on CPU (shim.nn.pack_linears): same logits and greedy fills."""
+    from shim.nn import PackedLinear, pack_linears
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    model = tiny_model(tokenizer.vocab_size, seed=3)
+    texts = ["the cat sat on the [MASK] and looked at it", "[MASK] a short one [sMASK]"]
+    inputs = tokenizer.build_inputs_for_generation(texts, max_gen_length=8)
+    with torch.inference_mode():
+        want = fill_blanks(model, tokenizer, texts, max_new_tokens=6)
+        logits = model(inputs.input_ids, position_ids=inputs.position_ids[:, :, :inputs.input_ids.size(1)]).logits
+        assert pack_linears(model, measure=False) == 4 * 2  # qkv, dense, h_to_4h, 4h_to_h per layer
+        assert isinstance(model.glm.transformer.layers[0].attention.query_key_value, PackedLinear)
+        got = fill_blanks(model, tokenizer, texts, max_new_tokens=6)
+        again = model(inputs.input_ids, position_ids=inputs.position_ids[:, :, :inputs.input_ids.size(1)]).logits
+    torch.testing.assert_close(again, logits, atol=1e-5, rtol=1e-5)
+    assert got == want

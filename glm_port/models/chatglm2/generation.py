@@ -30,7 +30,8 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
 
 def load_split(path, config, dtype=None, device="cpu"):
     """The model built under the current tensor-parallel layout, each rank reading its slices of the weights
-    one tensor at a time (``weights.tensor_parallel_slice``)."""
+    one tensor at a time (``weights.tensor_parallel_slice``). A size larger than the key/value group count
+    (a multiple of it) gives each rank a copy of its heads' group; other sizes are a one-line ValueError."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
     from glm_port.models.chatglm2.weights import TensorSource, default_dtype, load_tensor_parallel
 

@@ -22,6 +22,11 @@ directly (``enable_gqa``), so the cache and the attention never hold H copies. R
 the first half of each head in interleaved pairs ``(x0, x1), (x2, x3), ...`` with base
 ``10000 * rope_ratio``. Tensors are ``[batch, seq, hidden]`` (THUDM's are ``[seq, batch, hidden]``;
 the numbers are the same). The key/value cache is a transformers ``Cache`` (``DynamicCache``).
+
+Tensor parallel (T ranks, ``shim.nn.Linear1D``): each rank holds H/T query heads and, when T divides G,
+G/T key/value groups; when T is a multiple of G, the one group its heads belong to (rank r: group
+``r // (T/G)``), replicated on T/G neighbouring ranks (``Linear1D(section_replicas=)``), so the cache holds
+one group per rank. Other degrees are a one-line ``ValueError`` (docs/chatglm2.md, "Tensor parallel").
 """
 
 from __future__ import annotations
@@ -107,20 +112,31 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
         # This rank's query heads and key/value groups (all of them in one process).
-        self.num_heads = nn.heads_per_rank(config.num_attention_heads)
-        self.num_groups = config.num_key_value_heads * self.num_heads // config.num_attention_heads
-        if self.num_groups * config.num_attention_heads != config.num_key_value_heads * self.num_heads:
-            raise ValueError(f"ChatGLM2: {config.num_key_value_heads} key/value groups do not split over "
-                             f"{config.num_attention_heads // self.num_heads} tensor-parallel ranks")
+        heads, groups = config.num_attention_heads, config.num_key_value_heads
+        self.num_heads = nn.heads_per_rank(heads)
+        ranks = heads // self.num_heads
+        # More ranks than groups: each group is held by ranks / groups neighbouring ranks, whose query heads
+        # are that group's (rank r: heads [r H/T, (r+1) H/T), group r // (T/G)), as vLLM replicates them.
+        self.group_replicas = 1
+        if config.multi_query_attention and ranks > groups:
+            if ranks % groups:
+                raise ValueError(f"ChatGLM2: {groups} key/value groups do not replicate evenly over {ranks} "
+                                 f"tensor-parallel ranks (the size must divide {groups} or be a multiple of it)")
+            self.group_replicas, self.num_groups = ranks // groups, 1
+        else:
+            self.num_groups = groups * self.num_heads // heads
+            if self.num_groups * heads != groups * self.num_heads:
+                raise ValueError(f"ChatGLM2: {groups} key/value groups do not split over {ranks} tensor-parallel ranks")
         self.head_dim = config.kv_channels
-        qkv_size = (config.num_attention_heads + 2 * config.num_key_value_heads) * self.head_dim
+        qkv_size = (heads + 2 * groups) * self.head_dim
         # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
         sections = None
         if config.multi_query_attention:  # Q | K | V blocks, each split (a random init in rank order too)
-            sections = (config.num_attention_heads * self.head_dim,) + (config.num_key_value_heads * self.head_dim,) * 2
+            sections = (heads * self.head_dim,) + (groups * self.head_dim,) * 2
         self.query_key_value = nn.Linear1D(
             config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
             sections=sections,
+            **({"section_replicas": (1, self.group_replicas, self.group_replicas)} if self.group_replicas > 1 else {}),
         )
         self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
                                  bias=config.add_bias_linear, parallel="row")
@@ -232,6 +248,15 @@ class ChatGLM2PreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
+        if isinstance(module, nn.Linear1D) and module.output_replicas is not None and hasattr(module.weight, "to_local"):
+            # Key/value groups replicated over ranks: every copy of a group gets the same numbers (THUDM's
+            # rows drawn whole, with the seed every rank shares; this rank's rows kept).
+            with torch.no_grad():
+                whole = torch.empty(module.out_features, module.in_features).normal_(mean=0.0, std=std)
+                module.weight.to_local().copy_(module.local_rows(whole))
+                if module.bias is not None:
+                    module.bias.to_local().zero_()
+            return
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
@@ -322,16 +347,16 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
             )
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: getattr(out, _CACHE)})
 
-    # THUDM's chat API (prompt format in the tokenizer's build_prompt).
-    def chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+    # THUDM's chat API: ChatGLM2's [Round i] prompt or ChatGLM3's role tokens, as the tokenizer's chat_format says.
+    def chat(self, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
         from glm_port.models.chatglm2.chat import chat
 
-        return chat(self, tokenizer, query, history, **generate_kwargs)
+        return chat(self, tokenizer, query, history, role, **generate_kwargs)
 
-    def stream_chat(self, tokenizer, query: str, history=None, **generate_kwargs):
+    def stream_chat(self, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
         from glm_port.models.chatglm2.chat import stream_chat
 
-        return stream_chat(self, tokenizer, query, history, **generate_kwargs)
+        return stream_chat(self, tokenizer, query, history, role, **generate_kwargs)
 
 
 def num_parameters_expected(config: ChatGLM2Config) -> int:

@@ -38,11 +38,12 @@ def corpus_lines(limit: int = 400) -> list[str]:
     return lines + _CHINESE * 4 + prompts
 
 
-def build_tokenizer(directory: str | None = None, vocab_size: int = 1000) -> ChatGLM2Tokenizer:
-    """Train the tiny sentencepiece model into ``directory`` (a temporary one if None) and open it."""
+def build_tokenizer(directory: str | None = None, vocab_size: int = 1000, chat_format: str = "chatglm2") -> ChatGLM2Tokenizer:
+    """Train the tiny sentencepiece model into ``directory`` (a temporary one if None) and open it
+    (``chat_format="chatglm3"``: with ChatGLM3's four role tokens after the five specials)."""
     directory = directory or tempfile.mkdtemp(prefix="chatglm2-tiny-")
     path = train_sentencepiece(corpus_lines(), os.path.join(directory, "tokenizer"), vocab_size=vocab_size)
-    return ChatGLM2Tokenizer(path)
+    return ChatGLM2Tokenizer(path, chat_format=chat_format)
 
 
 def tiny_config(tokenizer: ChatGLM2Tokenizer, **overrides) -> ChatGLM2Config:
@@ -51,13 +52,14 @@ def tiny_config(tokenizer: ChatGLM2Tokenizer, **overrides) -> ChatGLM2Config:
     return ChatGLM2Config(**{**TINY, "padded_vocab_size": vocab, **overrides})
 
 
-def build_tiny(directory: str | None = None, seed: int = 0, **overrides):
-    """``(model, tokenizer)``: the embedded random-init model (eval mode, fp32) and its tokenizer."""
+def build_tiny(directory: str | None = None, seed: int = 0, chat_format: str = "chatglm2", **overrides):
+    """``(model, tokenizer)``: the embedded random-init model (eval mode, fp32) and its tokenizer; ChatGLM2's
+    chat format unless ``chat_format="chatglm3"``."""
     import torch
 
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
-    tokenizer = build_tokenizer(directory)
+    tokenizer = build_tokenizer(directory, chat_format=chat_format)
     config = tiny_config(tokenizer, **overrides)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -1,21 +1,67 @@
-"""ChatGLM2's tokenizer: a sentencepiece ``tokenizer.model`` plus five specials numbered after it.
+"""ChatGLM2's and ChatGLM3's tokenizer: a sentencepiece ``tokenizer.model`` plus specials numbered after it.
 
 As THUDM's ``tokenization_chatglm.py`` numbers them: the sentencepiece pieces keep their ids (``<unk>``
 0 is also the pad, ``<s>`` 1, ``</s>`` 2 the end of a reply), then ``[MASK]``, ``[gMASK]``,
 ``[sMASK]``, ``sop``, ``eop`` take the next five ids (ChatGLM2-6B's 64789-piece model: 64789..64793).
-Every input starts ``[gMASK] sop``; batches are padded on the left. ``build_prompt`` writes the chat
-format ``[Round i]\\n\\n问：...\\n\\n答：...``.
+Every input starts ``[gMASK] sop``; batches are padded on the left. ``build_prompt`` writes ChatGLM2's
+chat format ``[Round i]\\n\\n问：...\\n\\n答：...``.
+
+ChatGLM3 ships the same ``tokenizer.model``; its tokenizer code adds four role tokens after the five
+(``<|system|>`` ``<|user|>`` ``<|assistant|>`` ``<|observation|>``: 64794..64797 on the real vocabulary)
+and chats in messages: ``build_chat_input`` gives ``[gMASK] sop``, then per message ``<|role|>`` +
+``metadata + "\\n"`` + content (each piece of text encoded on its own), then ``<|assistant|>``. Which
+format a tokenizer speaks is ``chat_format`` ("chatglm2" / "chatglm3"): given, or found by
+``detect_chat_format`` in the files next to ``tokenizer.model``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+from pathlib import Path
 
 import sentencepiece as spm
-from transformers import PreTrainedTokenizer
+from transformers import BatchEncoding, PreTrainedTokenizer
 
 SPECIAL_TOKENS = ("[MASK]", "[gMASK]", "[sMASK]", "sop", "eop")
+ROLES = ("system", "user", "assistant", "observation")
+ROLE_TOKENS = tuple(f"<|{role}|>" for role in ROLES)  # ChatGLM3's, numbered after SPECIAL_TOKENS
+CHAT_FORMATS = ("chatglm2", "chatglm3")
+
+
+def detect_chat_format(directory) -> str:
+    """"chatglm3" when the files of a tokenizer directory say it is ChatGLM3's, else "chatglm2".
+
+    ChatGLM3's ``tokenizer.model`` is byte for byte ChatGLM2's, so the sign is elsewhere: a
+    ``tokenizer_config.json`` with our ``chat_format``, or naming a role token (THUDM's later
+    ``added_tokens_decoder`` / ``chat_template``) or a ``chatglm3`` model (``name_or_path``); a
+    ``config.json`` whose ``_name_or_path`` names ``chatglm3``; THUDM's ``tokenization_chatglm.py`` shipped
+    alongside with the role tokens in it (read as text, never run).
+    """
+    directory = Path(directory)
+    config = _read_json(directory / "tokenizer_config.json")
+    if config.get("chat_format") in CHAT_FORMATS:
+        return config["chat_format"]
+    if any(token in json.dumps(config, ensure_ascii=False) for token in ROLE_TOKENS):
+        return "chatglm3"
+    names = [config.get("name_or_path"), config.get("_name_or_path"),
+             _read_json(directory / "config.json").get("_name_or_path")]
+    if any(isinstance(name, str) and "chatglm3" in name.lower() for name in names):
+        return "chatglm3"
+    code = directory / "tokenization_chatglm.py"
+    if code.is_file() and "<|observation|>" in code.read_text(encoding="utf-8", errors="replace"):
+        return "chatglm3"
+    return "chatglm2"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def build_prompt(query: str, history=None) -> str:
@@ -28,29 +74,47 @@ def build_prompt(query: str, history=None) -> str:
 
 
 class ChatGLM2Tokenizer(PreTrainedTokenizer):
-    """``AutoTokenizer``-style tokenizer for ChatGLM2 directories (``tokenizer.model``)."""
+    """``AutoTokenizer``-style tokenizer for ChatGLM2 / ChatGLM3 directories (``tokenizer.model``).
+
+    ``chat_format``: "chatglm2" (five specials, ``build_prompt``) or "chatglm3" (nine, ``build_chat_input``);
+    None finds it in the files next to ``vocab_file`` (``detect_chat_format``). ``encode_special_tokens``
+    (ChatGLM3, as THUDM's option): role tokens written in text become the role ids instead of text pieces.
+    """
 
     vocab_files_names = {"vocab_file": "tokenizer.model"}
     model_input_names = ["input_ids", "attention_mask"]
 
-    def __init__(self, vocab_file, padding_side="left", clean_up_tokenization_spaces=False, **kwargs):
+    def __init__(self, vocab_file, padding_side="left", clean_up_tokenization_spaces=False, chat_format=None,
+                 encode_special_tokens=False, **kwargs):
         if not os.path.isfile(vocab_file):
             raise ValueError(f"ChatGLM2 tokenizer: no sentencepiece model at {vocab_file}")
+        if chat_format is None:
+            chat_format = detect_chat_format(os.path.dirname(os.path.abspath(vocab_file)))
+        if chat_format not in CHAT_FORMATS:
+            raise ValueError(f"ChatGLM2 tokenizer: chat_format {chat_format!r} is not one of {', '.join(CHAT_FORMATS)}")
         self.vocab_file = vocab_file
+        self.chat_format = chat_format
+        self.encode_special_tokens = bool(encode_special_tokens)
         self.sp_model = spm.SentencePieceProcessor(model_file=vocab_file)
         n = self.sp_model.vocab_size()
-        self.special_ids = {token: n + i for i, token in enumerate(SPECIAL_TOKENS)}
+        self.command_tokens = SPECIAL_TOKENS + (ROLE_TOKENS if chat_format == "chatglm3" else ())
+        self.special_ids = {token: n + i for i, token in enumerate(self.command_tokens)}
         self.special_names = {i: token for token, i in self.special_ids.items()}
         for key in ("unk_token", "pad_token", "eos_token", "bos_token"):
             kwargs.pop(key, None)
         super().__init__(
             padding_side=padding_side, clean_up_tokenization_spaces=clean_up_tokenization_spaces,
-            unk_token="<unk>", pad_token="<unk>", eos_token="</s>", **kwargs,
+            unk_token="<unk>", pad_token="<unk>", eos_token="</s>", chat_format=chat_format,
+            encode_special_tokens=self.encode_special_tokens, **kwargs,
         )
 
     @property
+    def is_chatglm3(self) -> bool:
+        return self.chat_format == "chatglm3"
+
+    @property
     def vocab_size(self) -> int:
-        return self.sp_model.vocab_size() + len(SPECIAL_TOKENS)
+        return self.sp_model.vocab_size() + len(self.command_tokens)
 
     def get_vocab(self):
         vocab = {self.sp_model.id_to_piece(i): i for i in range(self.sp_model.vocab_size())}
@@ -63,11 +127,16 @@ class ChatGLM2Tokenizer(PreTrainedTokenizer):
         if token in named:
             return named[token]
         if token not in self.special_ids:
-            raise ValueError(f"{token!r} is not a ChatGLM2 special token ({', '.join(SPECIAL_TOKENS)})")
+            raise ValueError(f"{token!r} is not a {self.chat_format} special token ({', '.join(self.command_tokens)})")
         return self.special_ids[token]
 
     def _tokenize(self, text, **kwargs):
-        return self.sp_model.encode(text, out_type=str)
+        if not (self.encode_special_tokens and self.is_chatglm3):
+            return self.sp_model.encode(text, out_type=str)
+        pieces = []
+        for i, part in enumerate(re.split("(" + "|".join(map(re.escape, ROLE_TOKENS)) + ")", text)):
+            pieces += [part] if i % 2 else (self.sp_model.encode(part, out_type=str) if part else [])
+        return pieces
 
     def _convert_token_to_id(self, token):
         if token in self.special_ids:
@@ -89,7 +158,13 @@ class ChatGLM2Tokenizer(PreTrainedTokenizer):
             token_ids = [token_ids]
         n, sp = self.sp_model.vocab_size(), self.sp_model
         dropped = {sp.unk_id(), sp.bos_id(), sp.eos_id()}  # pad, bos, eos decode to nothing, as THUDM's do
-        return sp.decode([int(i) for i in token_ids if 0 <= int(i) < n and int(i) not in dropped])
+        ids = [int(i) for i in token_ids if int(i) not in dropped]
+        if not self.is_chatglm3 or skip_special_tokens:
+            return sp.decode([i for i in ids if 0 <= i < n])
+        # ChatGLM3's decode writes the specials out by name (its replies are split at "<|assistant|>"): as
+        # THUDM's under transformers 4.x, one sentencepiece decode of the pieces, the names among them.
+        names = self.special_names
+        return sp.decode_pieces([names[i] if i in names else sp.id_to_piece(i) for i in ids if i in names or 0 <= i < n])
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
         ids = [self.special_ids["[gMASK]"], self.special_ids["sop"]] + list(token_ids_0)
@@ -101,7 +176,36 @@ class ChatGLM2Tokenizer(PreTrainedTokenizer):
         return 3 if pair else 2
 
     def build_prompt(self, query: str, history=None) -> str:
+        """ChatGLM2's ``[Round i]`` prompt text (the tokenizer adds ``[gMASK] sop``); ChatGLM3 chats through
+        ``build_chat_input`` instead (this text stays available to both, e.g. for ADGEN finetuning)."""
         return build_prompt(query, history)
+
+    # ---------------------------------------------------------------- ChatGLM3's chat format
+    def build_single_message(self, role: str, metadata: str, message: str) -> list[int]:
+        """``<|role|>`` + ``metadata + "\\n"`` + ``message``, the two texts encoded separately (ChatGLM3)."""
+        if role not in ROLES:
+            raise ValueError(f"chat role {role!r} is not one of {', '.join(ROLES)}")
+        return [self.get_command(f"<|{role}|>")] + self.sp_model.encode(f"{metadata}\n") + self.sp_model.encode(message)
+
+    def build_chat_input(self, query: str, history=None, role: str = "user"):
+        """The ChatGLM3 prompt of a conversation, as a batch of one (``input_ids``, ``attention_mask``; pt tensors).
+
+        ``history``: THUDM's message dicts ``{"role", "content"[, "metadata"][, "tools"]}`` (a system message's
+        ``tools`` are appended to its content as indented JSON); ``(query, response)`` pairs are read as a user
+        and an assistant message. The new ``query`` is a ``role`` message; ``<|assistant|>`` ends the prompt.
+        """
+        if not self.is_chatglm3:
+            raise ValueError("build_chat_input is ChatGLM3's chat format; this tokenizer's chat_format is chatglm2 "
+                             "(build_prompt)")
+        ids = []
+        for message in as_messages(history):
+            content = message["content"]
+            if message["role"] == "system" and "tools" in message:
+                content = content + "\n" + json.dumps(message["tools"], indent=4, ensure_ascii=False)
+            ids += self.build_single_message(message["role"], message.get("metadata", ""), content)
+        ids += self.build_single_message(role, "", query) + [self.get_command("<|assistant|>")]
+        ids = self.build_inputs_with_special_tokens(ids)
+        return BatchEncoding({"input_ids": [ids], "attention_mask": [[1] * len(ids)]}, tensor_type="pt")
 
     def save_vocabulary(self, save_directory, filename_prefix=None):
         name = (filename_prefix + "-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
@@ -109,6 +213,21 @@ class ChatGLM2Tokenizer(PreTrainedTokenizer):
         if os.path.abspath(path) != os.path.abspath(self.vocab_file):
             shutil.copyfile(self.vocab_file, path)
         return (path,)
+
+
+def as_messages(history) -> list[dict]:
+    """ChatGLM3's history as message dicts: dicts as they are, ``(query, response)`` pairs as user + assistant."""
+    messages = []
+    for item in history or []:
+        if isinstance(item, dict):
+            if not {"role", "content"} <= item.keys():
+                raise ValueError(f"chat history message {item!r} needs a 'role' and a 'content'")
+            messages.append(item)
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            messages += [{"role": "user", "content": item[0]}, {"role": "assistant", "content": item[1]}]
+        else:
+            raise ValueError(f"chat history item {item!r} is neither a message dict nor a (query, response) pair")
+    return messages
 
 
 def train_sentencepiece(lines, model_prefix: str, vocab_size: int = 1000) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
+from shim.nn.tensor_parallel import section_part
 
 MODEL_TYPES = ("chatglm",)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -156,13 +157,15 @@ def load_pretrained(directory, dtype=None, device="cpu"):
     return model.eval()
 
 
-def load_tokenizer(directory):
+def load_tokenizer(directory, chat_format=None):
+    """The directory's tokenizer; its chat format (ChatGLM2's or ChatGLM3's) as given, else as the directory's
+    files say (``tokenizer.detect_chat_format``)."""
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
 
     path = os.path.join(directory, "tokenizer.model")
     if not os.path.isfile(path):
         raise WeightsError(f"{path}: missing (ChatGLM2 reads its sentencepiece tokenizer.model)")
-    return ChatGLM2Tokenizer(path)
+    return ChatGLM2Tokenizer(path, chat_format=chat_format)
 
 
 def save_sharded(state: dict, directory, shards: int = 2, fmt: str = "bin") -> None:
@@ -194,7 +197,8 @@ def save_sharded(state: dict, directory, shards: int = 2, fmt: str = "bin") -> N
 def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config, rank: int, size: int) -> torch.Tensor:
     """This rank's part of THUDM's tensor ``name`` under tensor parallel ``size``, as the split layers hold it.
 
-    ``query_key_value`` rows: ``[Q_r; K_r; V_r]`` (this rank's query heads, then its key/value groups);
+    ``query_key_value`` rows: ``[Q_r; K_r; V_r]`` (this rank's query heads, then its key/value groups;
+    with more ranks than groups, the one group its heads belong to, ``r // (size / groups)``);
     ``dense_h_to_4h`` rows: ``[gate_r; up_r]``; ``dense`` and ``dense_4h_to_h`` weights: a slice of
     columns. Everything else (embedding, norms, output layer, row-split biases) is whole on every rank.
     """
@@ -203,8 +207,8 @@ def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config,
         if not config.multi_query_attention:  # per-head [q; k; v] blocks: a contiguous run of heads
             return full.chunk(size, dim=0)[rank]
         heads, groups = config.num_attention_heads, config.num_key_value_heads
-        q, k, v = full.split([heads * d, groups * d, groups * d], dim=0)
-        return torch.cat([t.chunk(size, dim=0)[rank] for t in (q, k, v)], dim=0)
+        copies = size // groups if size > groups else 1
+        return section_part(full, (heads * d, groups * d, groups * d), rank, size, (1, copies, copies))
     if ".dense_h_to_4h." in name:
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
