@@ -33,7 +33,8 @@ the 6b-4layers shape takes about 5.4 GB for the directory plus the GGML file). T
 of chatglm-cpp's ``Pipeline`` (``model.generate_next_token`` with ``do_sample=False``, argmax) without
 its stop at eos, on the same prompt ids; chatglm-cpp has no batching (batch > 1 shows n/a), no device
 but the CPU, and picks its own threads (all cores up to 4, half of them above; --threads does not reach
-it). Its f16 file keeps norms and the qkv bias in f32 and computes in ggml's mixed precision, so its
+it; its threads meet at a barrier after every op, so another process on the cores costs it far more than
+torch: time it on a quiet machine). Its f16 file keeps norms and the qkv bias in f32 and computes in ggml's mixed precision, so its
 tokens may drift from glm_port's at --dtype float32.
 
     python -m bench.chatglm2                      # 4 layers of ChatGLM2-6B at full width, prompt 512, 128 new
