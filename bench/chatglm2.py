@@ -7,7 +7,7 @@ chatglm-cpp's converter for chatglm-cpp. The prompt is random token ids; decodin
 greedy with no stop token, so every run produces exactly --new-tokens tokens.
 
   ttft ms        time to first token: prefill of the whole prompt + one token (``max_new_tokens=1``)
-  decode tok/s   batch * (new_tokens - 1) / (time of the full generation - ttft); nan if that is not > 0
+  decode tok/s   batch * (new_tokens - 1) / (time from the first token to the last, in the full generation)
   peak MiB       extra peak memory of the full generation over the loaded model: on CPU the RSS high-water
                  mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
                  ``torch.cuda.max_memory_allocated`` minus what was allocated before
@@ -174,19 +174,32 @@ def build(variant: str, args):
     return model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
 
 
-def greedy(variant, model, prompt, new_tokens):
+def greedy(variant, model, prompt, new_tokens, clock=None):
+    """Greedy tokens ``[batch, new_tokens]``; ``clock["first"]`` gets the time the first token was chosen, so
+    the decode rate comes from the same run (a separate time-to-first-token run can differ from this
+    run's prefill by seconds on a shared machine)."""
     import torch
+
+    clock = {} if clock is None else clock
+
+    def first_token(*_args, **_kwargs):
+        clock.setdefault("first", time.perf_counter())
+        return torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
 
     with torch.inference_mode():
         if variant != "thudm":
+            from transformers import StoppingCriteriaList
+
             return model.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+                stopping_criteria=StoppingCriteriaList([first_token]),
             )[:, prompt.shape[1]:]
         batch, length = prompt.shape
         positions = torch.arange(length, device=prompt.device).expand(batch, length)
         out = model(input_ids=prompt, position_ids=positions, use_cache=True, return_last_logit=True)
         tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        tokens[-1].tolist(), first_token()
         for i in range(new_tokens - 1):
             position = torch.full((batch, 1), length + i, device=prompt.device)
             out = model(input_ids=tokens[-1], position_ids=position, past_key_values=out.past_key_values,
@@ -212,7 +225,7 @@ def _peak_rss() -> int:
 
 
 def _decode_rate(tokens: int, seconds: float) -> float:
-    """Decode tokens/s; NaN when the median ttft is not below the full run (noise at tiny shapes)."""
+    """Decode tokens/s; NaN for a zero-length interval (one new token)."""
     return tokens / seconds if seconds > 0 else float("nan")
 
 
@@ -249,17 +262,17 @@ def worker(variant: str, batch: int, args) -> dict:
     else:
         baseline = _reset_peak_rss()
     _sync(args.device)
-    start = time.perf_counter()
-    tokens = greedy(variant, model, prompt, args.new_tokens)
+    clock = {}
+    tokens = greedy(variant, model, prompt, args.new_tokens, clock)
     _sync(args.device)
-    total = time.perf_counter() - start
+    decode = time.perf_counter() - clock["first"]
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - baseline
     else:
         peak = _peak_rss() - baseline
     return {
         "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": _decode_rate(batch * (args.new_tokens - 1), total - ttft),
+        "decode_tok_s": _decode_rate(batch * (args.new_tokens - 1), decode),
         "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(),
     }
 
@@ -282,11 +295,13 @@ def cpp_worker(variant: str, ggml_file: str, args) -> dict:
         ids, n_past, out = list(prompt_ids), 0, []
         for _ in range(new_tokens):
             token = model.generate_next_token(ids, None, gen_config, n_past, len(prompt_ids))
+            clock.setdefault("first", time.perf_counter())
             n_past = len(ids)
             ids.append(token)
             out.append(token)
         return out
 
+    clock = {}
     greedy_ids(prompt[:16], 2)  # warm up
     ttfts = []
     for _ in range(args.repeats):
@@ -295,12 +310,12 @@ def cpp_worker(variant: str, ggml_file: str, args) -> dict:
         ttfts.append(time.perf_counter() - start)
     ttft = sorted(ttfts)[len(ttfts) // 2]
     baseline = _reset_peak_rss()
-    start = time.perf_counter()
+    clock.clear()
     tokens = greedy_ids(prompt, args.new_tokens)
-    total = time.perf_counter() - start
+    decode = time.perf_counter() - clock["first"]
     return {
         "variant": variant, "batch": 1, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": _decode_rate(args.new_tokens - 1, total - ttft),
+        "decode_tok_s": _decode_rate(args.new_tokens - 1, decode),
         "peak_mib": (_peak_rss() - baseline) / 2**20, "tokens": tokens,
     }
 
