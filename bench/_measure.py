@@ -31,6 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]  # where `bench` is importable from, 
 
 
 def peak_rss_bytes() -> int:
+    """This process's RSS high-water mark. Linux's ``VmHWM`` (this address space's own), not ``ru_maxrss``:
+    Linux carries ``ru_maxrss`` across fork and exec, so a worker started by a parent that once held a large
+    model would report the parent's peak and hide its own below it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

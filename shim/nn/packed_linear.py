@@ -4,11 +4,11 @@ On a CPU, ``F.linear`` hands each product to a BLAS that reads the weight in its
 layout on every call. oneDNN (``torch.backends.mkldnn``, built into PyTorch's CPU wheels) can first
 reorder a weight into its blocked layout for a given batch size (``torch.ops.mkldnn.
 _reorder_linear_weight``), then multiply against it (``torch.ops.mkldnn._linear_pointwise``): the
-pair inductor's freezing pass emits for a frozen ``nn.Linear`` on CPU, used here without compiling the
-model. At the small row counts of decoding (one row per sequence) the packed product reads the weight
-closer to the memory bandwidth, and in bf16 it takes the AVX-512 BF16 / AMX path that the plain
-``F.linear`` does not (docs/performance.md has the figures and ``bench.chatglm2`` / ``bench.generate``
-the end-to-end rows).
+pair inductor's freezing pass emits for a frozen bf16 ``nn.Linear`` on CPU (fp32 it packs for MKL,
+slower here), used here without compiling the model. At the small row counts of decoding (one row per
+sequence) the packed product streams the weight closer to the memory bandwidth, and at a few rows it
+avoids the BLAS's small-matrix slowdown (docs/generation.md, "CPU: packed linear weights", has the
+figures; ``bench.chatglm2`` and ``bench.generate`` the end-to-end rows).
 
 Which is faster depends on the shape and the machine, so :func:`pack_linears` times both on each
 distinct weight shape (``batch_size`` rows, the decode step's) and packs only the shapes where the
