@@ -22,6 +22,37 @@ EVAL = re.compile(r"^ eval(?: at step (\d+))? \| rouge-1 +(\S+) \| rouge-2 +(\S+
 QUICK = ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "0", "--per_device_eval_batch_size", "8"]
 
 
+def _tiny_chatglm2_finetune_argv(tmp_path, *extra):
+    """glm-finetune's arguments (TP_ARGV's) for a full finetune of the embedded tiny ChatGLM2 saved under
+    ``tmp_path/base`` (each rank loads its slices of it) on the toy task."""
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    return [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
+            "--per_device_train_batch_size", "32", *extra]
+
+
+def _assert_one_process_run(tmp_path, capsys, logs, argv, full):
+    """The parallel runs' logs (LoRA ``argv``, then ``full``) give one process's losses (1e-4), and the
+    LoRA adapter saved under ``tp`` is the one saved by one process under ``one`` (whole, THUDM's row order)."""
+    from safetensors.torch import load_file
+
+    for log, run in zip(logs, (argv, full)):
+        parallel = _losses(log)
+        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
+        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert tp_adapter.keys() == one_adapter.keys()
+    for key, value in one_adapter.items():
+        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
+
+
 def _losses(text):
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
 
@@ -219,61 +250,23 @@ def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole
 def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(tmp_path, capsys):
     """ChatGLM2's query_key_value is [Q heads | K groups | V groups], each split over the ranks, and
     dense_h_to_4h [gate | up] (stride 2): TP 2 trains as one process does and saves the same whole adapter."""
-    from glm_port.models.chatglm2.finetune import save
-    from glm_port.finetune.toy_task import write_toy_task
-    from glm_port.models.chatglm2.tiny import build_tiny
-
-    (tmp_path / "tokenizer").mkdir()
-    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")  # each rank loads its slices of it
-    full = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
-            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
-            "--per_device_train_batch_size", "32"]
+    full = _tiny_chatglm2_finetune_argv(tmp_path)
     argv = [*full, "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
     # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer).
     logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
                           [*full, "--output_dir", str(tmp_path / "tp_full")])
-    for log, run in zip(logs, (argv, full)):
-        parallel = _losses(log)
-        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
-        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-        for step, loss in single.items():
-            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
-    from safetensors.torch import load_file
-
-    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
-    assert tp_adapter.keys() == one_adapter.keys()
-    for key, value in one_adapter.items():  # whole, in THUDM's row order
-        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
+    _assert_one_process_run(tmp_path, capsys, logs, argv, full)
 
 
 def test_tensor_parallel_4_on_chatglm2s_2_key_value_groups_trains_as_one_process(tmp_path, capsys):
     """TP 4 on the tiny ChatGLM2's 2 key/value groups: each group is held by 2 ranks (lora_B's rows for it
     too), their gradients summed over its ranks and counted once in the clipped norm, so LoRA and a full
     finetune log one process's losses, and the adapter saved is one process's whole adapter."""
-    from glm_port.models.chatglm2.finetune import save
-    from glm_port.finetune.toy_task import write_toy_task
-    from glm_port.models.chatglm2.tiny import build_tiny
-
-    (tmp_path / "tokenizer").mkdir()
-    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
-    full = [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
-            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
-            "--per_device_train_batch_size", "32", "--max_grad_norm", "0.05"]  # a norm that clips every step
+    full = _tiny_chatglm2_finetune_argv(tmp_path, "--max_grad_norm", "0.05")  # a norm that clips every step
     argv = [*full, "--lora", "--lora_target_modules", "query_key_value"]
     logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
                           [*full, "--output_dir", str(tmp_path / "tp_full")], world=4)
-    for log, run in zip(logs, (argv, full)):
-        parallel = _losses(log)
-        single = _losses(_run([*run, "--output_dir", str(tmp_path / ("one" if run is argv else "one_full"))], capsys))
-        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-        for step, loss in single.items():
-            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
-    from safetensors.torch import load_file
-
-    tp_adapter, one_adapter = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
-    assert tp_adapter.keys() == one_adapter.keys()
-    for key, value in one_adapter.items():
-        torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
+    _assert_one_process_run(tmp_path, capsys, logs, argv, full)
 
 
 def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
