@@ -8,7 +8,8 @@ pair inductor's freezing pass emits for a frozen bf16 ``nn.Linear`` on CPU (fp32
 slower here), used here without compiling the model. At the small row counts of decoding (one row per
 sequence) the packed product streams the weight closer to the memory bandwidth, and at a few rows it
 avoids the BLAS's small-matrix slowdown (docs/generation.md, "CPU: packed linear weights", has the
-figures; ``bench.chatglm2`` and ``bench.generate`` the end-to-end rows).
+figures; ``bench.packed_linear`` times the products, ``bench.chatglm2`` and ``bench.generate`` the
+end-to-end rows).
 
 Which is faster depends on the shape and the machine, so :func:`pack_linears` times both on each
 distinct weight shape (``batch_size`` rows, the decode step's) and packs only the shapes where the
@@ -45,14 +46,15 @@ class PackedLinear(nn.Module):
     ``skip_bias_add`` is kept: ``forward`` then returns ``(x @ W.T, bias)``).
     """
 
-    def __init__(self, linear: nn.Linear, batch_size: int = 1):
+    def __init__(self, linear: nn.Linear, batch_size: int = 1, packed: torch.Tensor | None = None):
+        """``packed``: the weight already reordered for ``batch_size`` (``pack_linears`` reuses the one it timed)."""
         super().__init__()
         if not packable(linear.weight):
             raise ValueError(f"PackedLinear: cannot pack a {tuple(linear.weight.shape)} {linear.weight.dtype} weight "
                              f"on {linear.weight.device} (plain CPU fp32/bf16 only)")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.skip_bias_add = getattr(linear, "skip_bias_add", False)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size)
+        self.packed = _reorder(linear, batch_size) if packed is None else packed
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor):
@@ -75,6 +77,10 @@ class PackedLinear(nn.Module):
                 f"dtype={self.packed.dtype}")
 
 
+def _reorder(linear: nn.Linear, batch_size: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size)
+
+
 def _median_seconds(run, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -84,10 +90,9 @@ def _median_seconds(run, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _packing_wins(linear: nn.Linear, batch_size: int, repeats: int) -> bool:
+def _packing_wins(linear: nn.Linear, packed: torch.Tensor, batch_size: int, repeats: int) -> bool:
     """Time the plain and the packed product on ``batch_size`` rows, alternating; True if packed is faster."""
     weight = linear.weight.detach()
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size)
     x = torch.randn(batch_size, linear.in_features, dtype=weight.dtype)
     plain_run = lambda: torch.nn.functional.linear(x, weight)  # noqa: E731
     packed_run = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")  # noqa: E731
@@ -110,21 +115,18 @@ def pack_linears(model: nn.Module, *, batch_size: int = 1, measure: bool = True,
     """
     decided: dict[tuple, bool] = {}
     replaced = 0
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear) or (type(child) is not nn.Linear and not _unsplit(child)):
-                continue
-            if not packable(child.weight):
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if not (type(child) is nn.Linear or isinstance(child, nn.Linear) and hasattr(child, "parallel")):
+                continue  # another subclass may compute more than x @ W.T + b; Linear1D computes just that
+            if not packable(child.weight):  # DTensor (tensor-parallel), other devices and dtypes stay
                 continue
             key = (tuple(child.weight.shape), child.weight.dtype)
+            packed = None
             if key not in decided:
-                decided[key] = not measure or _packing_wins(child, batch_size, repeats)
+                packed = _reorder(child, batch_size)
+                decided[key] = not measure or _packing_wins(child, packed, batch_size, repeats)
             if decided[key]:
-                setattr(module, child_name, PackedLinear(child, batch_size))
+                setattr(module, name, PackedLinear(child, batch_size, packed))
                 replaced += 1
     return replaced
-
-
-def _unsplit(linear: nn.Linear) -> bool:
-    """An ``nn.Linear`` subclass that computes a plain linear: ``shim.nn.Linear1D`` with no layout."""
-    return getattr(linear, "parallel", None) is not None and type(linear.weight) is nn.Parameter

@@ -1,0 +1,84 @@
+"""One decode step's products, three ways: plain ``F.linear``, MKL-packed (inductor's fp32 freezing path) and
+oneDNN-packed (``shim.nn.PackedLinear``), on the weight shapes of one ChatGLM2-6B layer plus its output layer.
+
+    python -m bench.packed_linear                         # fp32 and bf16, 1 and 8 rows
+    python -m bench.packed_linear --rows 1 --dtypes float32
+
+Per (dtype, rows): the sum over the five shapes of each product's median time (ms), and the GB/s that sum
+implies for reading every weight once. MKL packing exists for fp32 only. Why docs/generation.md ("CPU:
+packed linear weights") chooses oneDNN's packing, and why it times each shape before packing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+SHAPES = {  # (out, in) of ChatGLM2-6B's layer products and its output layer
+    "query_key_value": (4608, 4096),
+    "dense": (4096, 4096),
+    "dense_h_to_4h": (27392, 4096),
+    "dense_4h_to_h": (4096, 13696),
+    "output_layer": (65024, 4096),
+}
+
+
+def median_ms(run, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def measure(dtype_name: str, rows: int, repeats: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, dtype_name)
+    totals = {"plain": 0.0, "mkl": 0.0, "onednn": 0.0}
+    weight_bytes = 0
+    with torch.inference_mode():
+        for out_features, in_features in SHAPES.values():
+            weight = torch.randn(out_features, in_features).to(dtype)
+            x = torch.randn(rows, in_features).to(dtype)
+            weight_bytes += weight.numel() * weight.element_size()
+            totals["plain"] += median_ms(lambda: F.linear(x, weight), repeats)
+            if dtype == torch.float32 and torch._C.has_mkl:
+                mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+                totals["mkl"] += median_ms(lambda: torch.ops.mkl._mkl_linear(x, mkl, weight, None, rows), repeats)
+            else:
+                totals["mkl"] = float("nan")
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+            totals["onednn"] += median_ms(
+                lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], ""), repeats)
+            del weight, packed
+    return {"totals": totals, "weight_bytes": weight_bytes}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"one ChatGLM2-6B layer's products + output layer, {torch.get_num_threads()} threads; ms per step "
+          f"(GB/s of weights read)")
+    print(f"{'dtype':<9} {'rows':>4} {'plain F.linear':>17} {'MKL-packed':>17} {'oneDNN-packed':>17}")
+    for dtype in args.dtypes:
+        for rows in args.rows:
+            result = measure(dtype, rows, args.repeats)
+            cells = [f"{ms:8.1f} ({result['weight_bytes'] / ms / 1e6:4.1f})" if ms == ms else f"{'n/a':>17}"
+                     for ms in result["totals"].values()]
+            print(f"{dtype:<9} {rows:>4} " + " ".join(f"{c:>17}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
