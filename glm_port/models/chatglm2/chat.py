@@ -38,7 +38,7 @@ import torch
 from transformers import BatchEncoding, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import Cache, DynamicCache
 
-from glm_port.models.chatglm2.model import _CACHE
+from glm_port.models.chatglm2.config import CACHE_KWARG
 from glm_port.models.chatglm2.tokenizer import as_messages
 
 DEFAULTS = dict(do_sample=True, top_p=0.8, temperature=0.8)
@@ -264,7 +264,7 @@ def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", 
         # follow from it), the cache itself.
         mask = inputs["attention_mask"]
         kwargs.update({"attention_mask": torch.cat([mask.new_ones(mask.shape[0], past_length), mask], dim=1),
-                       _CACHE: cache, "use_cache": True})
+                       CACHE_KWARG: cache, "use_cache": True})
     if is_chatglm3(tokenizer):
         stream = _stream_chatglm3(model, tokenizer, query, history, role, kwargs)
     else:

@@ -9,9 +9,15 @@ of THUDM's, so transformers' generation utilities and caches find what they look
 from __future__ import annotations
 
 from transformers import PretrainedConfig
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # Fields of THUDM's config this port does not implement: value that means "off".
 _UNSUPPORTED = {"pre_seq_len": None, "quantization_bit": 0}
+
+
+# The keyword transformers names the key/value cache by, in model outputs and generate's model kwargs
+# ("cache" since transformers 5 renamed it, "past_key_values" before): model.py and chat.py both use it.
+CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class ChatGLM2Config(PretrainedConfig):

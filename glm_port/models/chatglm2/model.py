@@ -38,10 +38,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from glm_port.models.chatglm2.config import ChatGLM2Config
+from glm_port.models.chatglm2.config import CACHE_KWARG as _CACHE, ChatGLM2Config
 
-# transformers names the cache ``cache`` in model outputs and inputs from 5.2x on, ``past_key_values`` before.
-_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class RMSNorm(nn.Module):
