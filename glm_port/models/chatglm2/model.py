@@ -41,7 +41,6 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from glm_port.models.chatglm2.config import CACHE_KWARG as _CACHE, ChatGLM2Config
 
 
-
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight``, the statistics in fp32 (THUDM's order of casts)."""
 
