@@ -1,11 +1,11 @@
 """Time and peak-memory measurement for the op benches: one fresh process per variant.
 
 Why a process per variant: torch's CPU allocator hands large blocks straight to the OS
-(glibc serves them with mmap and unmaps them on free), so the process's high-water RSS,
-``resource.getrusage(RUSAGE_SELF).ru_maxrss``, records the true peak of what a step
-allocated. A fresh process starts that high-water mark clean. The worker allocates and
-touches the inputs first, reads ru_maxrss as the baseline, runs ONE step, and reports
-``ru_maxrss - baseline`` as the step's extra peak. Tensor memory torch's profiler would
+(glibc serves them with mmap and unmaps them on free), so the process's high-water RSS
+(``peak_rss_bytes``: Linux's ``VmHWM``) records the true peak of what a step allocated. A fresh
+process starts that high-water mark clean. The worker allocates and touches the inputs first,
+reads the mark as the baseline, runs ONE step, and reports the mark minus the baseline as the
+step's extra peak. Tensor memory torch's profiler would
 report is not enough on its own: it misses what ATen kernels allocate outside tensors.
 The timed repeats run afterwards, in the same worker, on warm code paths. Wall time
 (median, min) is what a user waits; "cpu ms" is the process's CPU time per step (all

@@ -12,6 +12,8 @@ greedy with no stop token, so every run produces exactly --new-tokens tokens.
                  mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
                  ``torch.cuda.max_memory_allocated`` minus what was allocated before
   same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
+  min-max        with --rounds N > 1: every (variant, batch) runs N times, round after round (so a slow spell
+                 of a shared machine falls on every variant); the columns are medians, this is the decode range
   LoRA samples/s finetune steps at ADGEN's shape (see lora_worker); first loss must agree across variants
 
 Variants: ``glm_port`` (the model as ``from_pretrained`` returns it), ``packed`` (the same after
@@ -39,6 +41,7 @@ tokens may drift from glm_port's at --dtype float32.
 
     python -m bench.chatglm2                      # 4 layers of ChatGLM2-6B at full width, prompt 512, 128 new
     python -m bench.chatglm2 --preset tiny        # smoke run: 2 layers, hidden 64
+    python -m bench.chatglm2 --batches 1 --rounds 3   # 3 interleaved rounds: medians and the decode min-max
     python -m bench.chatglm2 --layers 28 --device cuda --dtype bfloat16   # the whole 6B shape on a GPU
     CHATGLM2_CODE=/dir CHATGLM_CPP_PYTHON=/venv/bin/python python -m bench.chatglm2   # + THUDM, chatglm-cpp
 """
@@ -375,6 +378,9 @@ def build_parser():
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=3, help="time-to-first-token runs (median kept)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every (variant, batch) this many times, in interleaved rounds (each in a fresh "
+                             "process); the table shows each column's median and the decode rate's min-max")
     parser.add_argument("--lora-steps", type=int, default=2,
                         help="timed LoRA finetune steps at ADGEN's shape after one warm-up (0: skip that table)")
     parser.add_argument("--lora-batch", type=int, default=4)
@@ -429,6 +435,54 @@ def _run(command, what: str):
     return done.stdout
 
 
+def summarize(samples: dict) -> list[dict]:
+    """One row per (variant, batch): each figure's median over the rounds, the decode rate's min and max,
+    and the tokens of the first round (``na`` where the variant did not run at that batch)."""
+    import statistics
+
+    rows = []
+    for (variant, batch), results in samples.items():
+        if not results:
+            rows.append({"variant": variant, "batch": batch, "na": True})
+            continue
+        rates = [r["decode_tok_s"] for r in results]
+        rows.append({
+            "variant": variant, "batch": batch, "tokens": results[0]["tokens"],
+            "ttft_ms": statistics.median(r["ttft_ms"] for r in results),
+            "decode_tok_s": statistics.median(rates), "decode_min": min(rates), "decode_max": max(rates),
+            "peak_mib": statistics.median(r["peak_mib"] for r in results),
+            "stable_tokens": all(r["tokens"] == results[0]["tokens"] for r in results),
+        })
+    return rows
+
+
+def print_decode_table(rows: list[dict], rounds: int = 1) -> None:
+    """The decode table; ratios are of medians, against glm_port, transformers and THUDM at the same batch."""
+    def rate_of(variant, batch):
+        return next((r for r in rows if r["variant"] == variant and r["batch"] == batch and not r.get("na")), None)
+
+    spread = rounds > 1
+    print(f"{'variant':<15} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} " + (f"{'min-max':>11} " if spread else "")
+          + f"{'peak MiB':>9} {'same tokens':>12} {'vs glm_port':>12} {'vs transformers':>16} {'vs thudm':>9}")
+    for row in rows:
+        if row.get("na"):
+            print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} " + (f"{'n/a':>11} " if spread else "")
+                  + f"{'n/a':>9} {'n/a':>12} {'n/a':>12} {'n/a':>16} {'n/a':>9}")
+            continue
+        ref = rate_of("glm_port", row["batch"]) or row
+        same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
+        if not row["stable_tokens"]:
+            same += "*"  # the rounds did not all give the same tokens
+        ratios = [f"{row['decode_tok_s'] / other['decode_tok_s']:.2f}x" if other else "n/a"
+                  for other in (ref, rate_of("transformers", row["batch"]), rate_of("thudm", row["batch"]))]
+        span = f"{row['decode_min']:.1f}-{row['decode_max']:.1f}"
+        print(f"{row['variant']:<15} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
+              + (f"{span:>11} " if spread else "")
+              + f"{row['peak_mib']:>9.1f} {same:>12} {ratios[0]:>12} {ratios[1]:>16} {ratios[2]:>9}")
+    if any(not r.get("na") and not r["stable_tokens"] for r in rows):
+        print("* the rounds of this row did not all give the same tokens (the column counts the first round's)")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = resolve(build_parser().parse_args(argv))
@@ -452,8 +506,8 @@ def main(argv=None) -> int:
     print(f"shape: {args.layers} layers, hidden {args.hidden}, {args.heads} heads x {args.kv_channels} "
           f"({args.groups} kv groups), ffn {args.ffn}, vocab {args.vocab}; prompt {args.prompt}, "
           f"{args.new_tokens} new tokens, greedy; {args.device} {args.dtype}")
-    rows, lora_rows = [], []
-    runs = [("--worker", v, b) for b in args.batches for v in variants]
+    samples, lora_rows = {}, []  # (variant, batch) -> one worker result per round
+    runs = [("--worker", v, b) for _ in range(args.rounds) for b in args.batches for v in variants]
     if args.lora_steps > 0:
         runs += [("--lora-worker", v, args.lora_batch) for v in variants if v in LORA_TARGETS]
     with tempfile.TemporaryDirectory(prefix="bench-chatglm2-") as scratch:
@@ -461,40 +515,30 @@ def main(argv=None) -> int:
         for flag, variant, batch in tqdm(runs, desc="runs", leave=False):
             if variant in CPP_VARIANTS:
                 if batch != 1:
-                    rows.append({"variant": variant, "batch": batch, "na": True})
+                    samples.setdefault((variant, batch), [])
                     continue
-                ggml = Path(scratch) / f"{variant}.bin"
+                ggml = Path(scratch) / f"{variant}.bin"  # converted once, kept for the later rounds
                 if not thudm_dir.exists() and _run(
                         [sys.executable, "-m", "bench.chatglm2", *argv, "--write-thudm-dir", str(thudm_dir)],
                         "writing the THUDM directory") is None:
                     return 1
-                if _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "chatglm_cpp.convert", "-i", str(thudm_dir),
+                if not ggml.exists() and _run(
+                        [os.environ["CHATGLM_CPP_PYTHON"], "-m", "chatglm_cpp.convert", "-i", str(thudm_dir),
                          "-t", CPP_VARIANTS[variant], "-o", str(ggml)], f"chatglm-cpp's convert to {variant}") is None:
                     return 1
                 out = _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "bench.chatglm2", *argv,
                             "--cpp-worker", variant, str(ggml)], f"{variant} batch {batch}")
-                ggml.unlink()
             else:
                 out = _run([sys.executable, "-m", "bench.chatglm2", *argv, flag, variant, str(batch)],
                            f"{variant} batch {batch}")
             if out is None:
                 return 1
-            (rows if flag == "--worker" else lora_rows).append(json.loads(out.strip().splitlines()[-1]))
-    print(f"{'variant':<15} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} {'peak MiB':>9} {'same tokens':>12} "
-          f"{'decode vs glm_port':>19} {'vs transformers':>16}")
-    for row in rows:
-        if row.get("na"):
-            print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} {'n/a':>9} {'n/a':>12} {'n/a':>19} "
-                  f"{'n/a':>16}")
-            continue
-        ref = next(r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"]) \
-            if "glm_port" in variants else row
-        same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
-        hf = next((r for r in rows if r["variant"] == "transformers" and r["batch"] == row["batch"]), None)
-        print(f"{row['variant']:<15} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
-              f"{row['peak_mib']:>9.1f} {same:>12} "
-              f"{row['decode_tok_s'] / ref['decode_tok_s']:>18.2f}x "
-              f"{row['decode_tok_s'] / hf['decode_tok_s'] if hf else float('nan'):>15.2f}x")
+            result = json.loads(out.strip().splitlines()[-1])
+            if flag == "--worker":
+                samples.setdefault((variant, batch), []).append(result)
+            else:
+                lora_rows.append(result)
+    print_decode_table(summarize(samples), args.rounds)
     if lora_rows:
         print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
               f"{args.lora_steps} timed steps:")

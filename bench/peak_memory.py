@@ -4,7 +4,7 @@
     python -m bench.peak_memory -m MODULE [ARGS...]
 
 The last line of output is ``peak memory (MiB): rss R | cuda C``: R is the process's peak resident
-set (``ru_maxrss``), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
+set (Linux's ``VmHWM``, see ``bench._measure.peak_rss_bytes``), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
 bench/pretrain.py measure upstream's scripts, which report no memory of their own, unmodified.
 """
 
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import resource
 import runpy
 import sys
 
 
 def report() -> None:
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    from bench._measure import MIB, peak_rss_bytes
+
+    rss_mib = peak_rss_bytes() / MIB
     cuda = "-"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -11,7 +11,7 @@ of it, with no mock; (c) ``glm-pretrain``. All three read upstream's ``--train-d
 ``--workdir``, or ``--corpus``) with the BERT WordPiece vocabulary (``--vocab`` or ``$GLM_VOCAB``, 30522
 tokens, padded to 30592) and print
 upstream's ``elapsed time per iteration (ms)`` line, which is parsed; the figure per run is the median
-after ``--warmup`` iterations. Peak memory is the child's ``ru_maxrss`` on CPU and
+after ``--warmup`` iterations. Peak memory is the child's RSS high-water mark (``VmHWM``) on CPU and
 ``torch.cuda.max_memory_allocated`` on a GPU (bench/peak_memory.py wraps each run). With ``--rounds``
 above 1 the three alternate (the order rotates every round) and each figure is the median over rounds,
 which is what to use on a loaded machine.

@@ -7,6 +7,12 @@
 The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
 the directory is ChatGLM3's (``--chat-format`` overrides). Commands at the prompt: ``/clear`` forgets the
 history (the system prompt stays), ``/exit`` (or end of input) quits.
+
+The key/value cache is kept from turn to turn (THUDM's ``stream_chat(past_key_values=...)``), so a turn
+prefills only its own tokens; ``/clear`` drops it. ``--no-cache-reuse`` prefills the whole conversation,
+re-encoded from the history's text, every turn instead. A turn that no longer fits the model's
+``seq_length`` is refused with a one-line message (``/clear`` starts over); history and cache stay as
+they were.
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pack", action="store_true",
                         help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
                              "where that measures faster for one token; docs/generation.md)")
+    parser.add_argument("--no-cache-reuse", action="store_true",
+                        help="prefill the whole conversation (the history re-encoded as text) every turn; default: "
+                             "keep the key/value cache across turns and prefill only the new turn's tokens, as "
+                             "THUDM's stream_chat(past_key_values=...) does (the cache then holds the replies as "
+                             "generated)")
     parser.add_argument("--prompt", action="append", default=None,
                         help="answer these queries in turn (history kept) and exit, instead of reading the terminal")
     return parser
@@ -76,15 +87,31 @@ def _text(response) -> str:
     return response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
 
 
-def _turn(model, tokenizer, query, history, gen, out):
-    printed = ""
-    for response, history in stream_chat(model, tokenizer, query, history, **gen):
-        response = _text(response)
-        out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
-        out.flush()
-        printed = response
-    out.write("\n")
-    return history
+class Conversation:
+    """History and, unless ``reuse`` is off, the key/value cache of the conversation so far."""
+
+    def __init__(self, start, reuse=True):
+        self.start, self.reuse = list(start), reuse
+        self.clear()
+
+    def clear(self):
+        self.history, self.past = list(self.start), None
+
+    def turn(self, model, tokenizer, query, gen, out):
+        """Stream one reply to ``out``; history and cache move on only when it completes (a PromptTooLong
+        leaves both as they were)."""
+        printed, history, past = "", self.history, self.past
+        stream = stream_chat(model, tokenizer, query, self.history, past_key_values=past,
+                             return_past_key_values=self.reuse, **gen)
+        for step in stream:
+            response, history = _text(step[0]), step[1]
+            if self.reuse:
+                past = step[2]
+            out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
+            out.flush()
+            printed = response
+        out.write("\n")
+        self.history, self.past = history, past
 
 
 def main(argv=None) -> int:
@@ -110,12 +137,12 @@ def main(argv=None) -> int:
     gen = {"max_new_tokens": args.max_new_tokens}
     gen.update({"do_sample": False} if args.greedy else {"top_p": args.top_p, "temperature": args.temperature})
     start = [] if args.system is None else [{"role": "system", "content": args.system}]
-    history, out = list(start), sys.stdout
+    conversation, out = Conversation(start, reuse=not args.no_cache_reuse), sys.stdout
     if args.prompt:
         for query in args.prompt:
             out.write(f"用户：{query}\nChatGLM：")
             try:
-                history = _turn(model, tokenizer, query, history, gen, out)
+                conversation.turn(model, tokenizer, query, gen, out)
             except PromptTooLong as exc:
                 print(f"\nglm-chat: error: {exc}", file=sys.stderr)
                 return 2
@@ -132,16 +159,16 @@ def main(argv=None) -> int:
         if query == "/exit":
             return 0
         if query == "/clear":
-            history = list(start)
+            conversation.clear()
             out.write("(conversation cleared)\n")
             continue
         if not query:
             continue
         out.write("ChatGLM：")
         try:
-            history = _turn(model, tokenizer, query, history, gen, out)
+            conversation.turn(model, tokenizer, query, gen, out)
         except PromptTooLong as exc:
-            out.write(f"\nglm-chat: {exc}; /clear to start over\n")
+            out.write(f"\nglm-chat: {exc}; this turn was not answered, /clear to start over\n")
 
 
 if __name__ == "__main__":

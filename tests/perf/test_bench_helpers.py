@@ -98,3 +98,18 @@ def test_every_bench_is_a_module_of_the_bench_package(name):
     edits = [call for node in top for call in ast.walk(node)
              if isinstance(call, ast.Call) and ast.unparse(call.func).startswith("sys.path.")]
     assert not edits, f"bench/{name}.py edits sys.path at module level"
+
+
+def test_chatglm2_bench_rounds_keep_medians_the_spread_and_whether_tokens_held():
+    from bench.chatglm2 import summarize
+
+    def result(rate, ttft, tokens=(5, 6)):
+        return {"decode_tok_s": rate, "ttft_ms": ttft, "peak_mib": 10.0, "tokens": list(tokens)}
+
+    rows = summarize({("packed", 1): [result(6.0, 300), result(9.0, 100), result(7.0, 200)],
+                      ("thudm", 1): [result(4.0, 1, (5, 6)), result(4.0, 1, (5, 7))],
+                      ("chatglm_cpp_f32", 8): []})
+    packed, thudm, cpp = rows
+    assert (packed["decode_tok_s"], packed["decode_min"], packed["decode_max"], packed["ttft_ms"]) == (7.0, 6.0, 9.0, 200)
+    assert packed["stable_tokens"] and not thudm["stable_tokens"] and thudm["tokens"] == [5, 6]
+    assert cpp == {"variant": "chatglm_cpp_f32", "batch": 8, "na": True}

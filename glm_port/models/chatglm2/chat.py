@@ -14,18 +14,31 @@ call reads as ``tool_call(key=literal, ...)`` (parsed with ``ast``, never evalua
 ``{"name": metadata, "content": text}``.
 
 ``stream_chat`` yields the same pair as the reply grows (``generate`` in a worker thread, the tokens
-coming through a transformers streamer).
+coming through a transformers streamer; closing the stream early stops the worker at its next token).
+
+Cache reuse, as THUDM's ``stream_chat(past_key_values=..., return_past_key_values=True)``: the stream then
+yields ``(response, history, past_key_values)``, the past a transformers ``DynamicCache`` holding the whole
+conversation so far (the prompts and the replies as generated, up to the token before the last one
+generated, which was never fed back). Given a past, a turn is prefilled from its own tokens only
+(``build_stream_inputs``: ChatGLM2's ``"\n\n[Round n]\n\n问：{query}\n\n答："`` without specials, its first
+token dropped; ChatGLM3's ``build_chat_input(query, role=role)``, ``[gMASK] sop`` again included), handed to
+``generate`` as the new ids with an attention mask over past + new, so positions continue after the past.
+The past is extended in place (as transformers' caches are); pass ``copy.deepcopy(past)`` to branch from it.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import queue
 import threading
 
 import torch
+from transformers import BatchEncoding, StoppingCriteria, StoppingCriteriaList
+from transformers.cache_utils import Cache, DynamicCache
 
+from glm_port.models.chatglm2.model import _CACHE
 from glm_port.models.chatglm2.tokenizer import as_messages
 
 DEFAULTS = dict(do_sample=True, top_p=0.8, temperature=0.8)
@@ -40,17 +53,42 @@ def is_chatglm3(tokenizer) -> bool:
     return getattr(tokenizer, "chat_format", "chatglm2") == "chatglm3"
 
 
+def _check_role(tokenizer, role):
+    if role != "user" and not is_chatglm3(tokenizer):
+        raise ValueError(f"role {role!r}: ChatGLM2's prompt has user turns only (roles are ChatGLM3's)")
+
+
+def _fitting(model, inputs, past_length: int = 0):
+    length, limit = inputs["input_ids"].shape[1], model.config.seq_length
+    if past_length + length >= limit:
+        what = f"{past_length} cached + {length} new tokens" if past_length else f"prompt of {length} tokens"
+        raise PromptTooLong(f"{what} does not fit the model's seq_length ({limit})")
+    return inputs.to(model.device)
+
+
 def build_inputs(model, tokenizer, query: str, history=None, role: str = "user"):
+    """The whole conversation's prompt (history + query), a batch of one."""
+    _check_role(tokenizer, role)
     if is_chatglm3(tokenizer):
         inputs = tokenizer.build_chat_input(query, history, role=role)
     else:
-        if role != "user":
-            raise ValueError(f"role {role!r}: ChatGLM2's prompt has user turns only (roles are ChatGLM3's)")
         inputs = tokenizer([tokenizer.build_prompt(query, history)], return_tensors="pt")
-    length, limit = inputs["input_ids"].shape[1], model.config.seq_length
-    if length >= limit:
-        raise PromptTooLong(f"prompt of {length} tokens does not fit the model's seq_length ({limit})")
-    return inputs.to(model.device)
+    return _fitting(model, inputs)
+
+
+def build_stream_inputs(tokenizer, query: str, history=None, role: str = "user"):
+    """One turn's ids to append to a cache of the conversation before it, as THUDM's ``stream_chat`` builds
+    them when given ``past_key_values``. ChatGLM2 (THUDM's ``build_stream_inputs``): with a history, the text
+    ``"\n\n[Round n]\n\n问：{query}\n\n答："`` encoded without specials and its first token (sentencepiece's
+    dummy-prefix ``▁``) dropped; with none, the first round's prompt with ``[gMASK] sop``. ChatGLM3:
+    ``build_chat_input(query, role=role)`` without the history (so ``[gMASK] sop`` opens every turn)."""
+    _check_role(tokenizer, role)
+    if is_chatglm3(tokenizer):
+        return tokenizer.build_chat_input(query, role=role)
+    if not history:
+        return tokenizer([tokenizer.build_prompt(query)], return_tensors="pt")
+    ids = tokenizer.encode(f"\n\n[Round {len(history) + 1}]\n\n问：{query}\n\n答：", add_special_tokens=False)[1:]
+    return BatchEncoding({"input_ids": [ids], "attention_mask": [[1] * len(ids)]}, tensor_type="pt")
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -62,11 +100,13 @@ def stop_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _generate_kwargs(model, tokenizer, inputs, kwargs):
+def _generate_kwargs(model, tokenizer, inputs, kwargs, past_length: int = 0):
+    """``generate``'s arguments: THUDM's defaults under the caller's, lengths clipped to ``seq_length``.
+    ``max_length`` counts this call's ids and the reply, not a past (as THUDM's ``stream_generate``)."""
     merged = {**DEFAULTS, **kwargs}
     if not merged.get("do_sample"):
         merged.pop("top_p", None), merged.pop("temperature", None)
-    limit = model.config.seq_length
+    limit = model.config.seq_length - past_length
     if "max_new_tokens" in merged:
         merged["max_new_tokens"] = min(merged["max_new_tokens"], limit - inputs["input_ids"].shape[1])
     else:
@@ -137,22 +177,38 @@ def chat(model, tokenizer, query: str, history=None, role: str = "user", **gener
     return response, history + [(query, response)]
 
 
+class _Closed(StoppingCriteria):
+    """Stops ``generate`` once the stream's consumer has gone (the event is set when the generator closes)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
 def _streamed(model, kwargs, streamer):
-    """Run ``generate`` in a worker thread and yield what ``streamer`` gives; re-raise its failure here."""
-    failure = []
+    """Run ``generate`` in a worker thread and yield what ``streamer`` gives; re-raise its failure here.
+    Closing this generator early (a ``break``, an interrupt) stops the worker at its next token and waits for
+    it, so nothing goes on writing into a cache the caller may reuse."""
+    failure, closed = [], threading.Event()
+    criteria = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), _Closed(closed)])
 
     def run():
         try:
             with torch.inference_mode():
-                model.generate(**kwargs, streamer=streamer)
+                model.generate(**{**kwargs, "stopping_criteria": criteria}, streamer=streamer)
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
             streamer.end()
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    yield from streamer
-    worker.join()
+    try:
+        yield from streamer
+    finally:
+        closed.set()
+        worker.join()
     if failure:
         raise failure[0]
 
@@ -179,33 +235,72 @@ class TokenStreamer:
             yield ids
 
 
-def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
-    """Yield ``(response so far, history)`` as tokens arrive (``generate`` runs in a worker thread)."""
+def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", past_key_values=None,
+                return_past_key_values: bool = False, **generate_kwargs):
+    """Yield ``(response so far, history)`` as tokens arrive (``generate`` runs in a worker thread), or
+    ``(response so far, history, past_key_values)`` with ``return_past_key_values``.
+
+    ``past_key_values``: the cache a previous turn's stream returned (a transformers ``Cache``); this turn then
+    prefills only its own ids (``build_stream_inputs``) after it and extends it in place. Without one the
+    prompt is the whole conversation (``build_inputs``), into a new ``DynamicCache`` when
+    ``return_past_key_values``. Each yield gives the same cache object, which ``generate`` is still filling;
+    it is complete when the stream ends.
+    """
     history = list(history or [])
-    inputs = build_inputs(model, tokenizer, query, history, role)
-    kwargs = {**inputs, **_generate_kwargs(model, tokenizer, inputs, generate_kwargs)}
+    if past_key_values is None:
+        past_length, inputs = 0, build_inputs(model, tokenizer, query, history, role)
+    else:
+        if not isinstance(past_key_values, Cache):
+            raise TypeError(f"past_key_values: expected the transformers Cache a previous stream_chat(..., "
+                            f"return_past_key_values=True) yielded, got {type(past_key_values).__name__}")
+        past_length = past_key_values.get_seq_length()
+        inputs = _fitting(model, build_stream_inputs(tokenizer, query, history, role), past_length)
+    kwargs = {**inputs, **_generate_kwargs(model, tokenizer, inputs, generate_kwargs, past_length)}
+    cache = past_key_values
+    if cache is None and return_past_key_values:
+        cache = DynamicCache(config=model.config)
+    if cache is not None:
+        # generate's way to continue a cache: the new ids only, the attention mask over past + new (positions
+        # follow from it), the cache itself.
+        mask = inputs["attention_mask"]
+        kwargs.update({"attention_mask": torch.cat([mask.new_ones(mask.shape[0], past_length), mask], dim=1),
+                       _CACHE: cache, "use_cache": True})
     if is_chatglm3(tokenizer):
-        yield from _stream_chatglm3(model, tokenizer, query, history, role, kwargs)
-        return
+        stream = _stream_chatglm3(model, tokenizer, query, history, role, kwargs)
+    else:
+        stream = _stream_chatglm2(model, tokenizer, query, history, kwargs)
+    with contextlib.closing(stream):  # closing this stream closes the worker's (see _streamed)
+        for response, new_history in stream:
+            yield (response, new_history, cache) if return_past_key_values else (response, new_history)
+
+
+def _stream_chatglm2(model, tokenizer, query, history, kwargs):
     from transformers import TextIteratorStreamer
 
-    response = ""
-    for piece in _streamed(model, kwargs, TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)):
-        response += piece
-        if response and not response.endswith("\ufffd"):  # wait for a whole character
-            yield process_response(response), history + [(query, process_response(response))]
-    if not response:
-        yield "", history + [(query, "")]
+    response, pieces = "", _streamed(model, kwargs, TextIteratorStreamer(tokenizer, skip_prompt=True,
+                                                                         skip_special_tokens=True))
+    yielded = None
+    with contextlib.closing(pieces):
+        for piece in pieces:
+            response += piece
+            if response and not response.endswith("\ufffd"):  # wait for a whole character
+                yielded = response
+                yield process_response(response), history + [(query, process_response(response))]
+    if response != yielded:  # the whole reply comes last, as chat returns it (empty, or cut in a character)
+        yield process_response(response), history + [(query, process_response(response))]
 
 
 def _stream_chatglm3(model, tokenizer, query, history, role, kwargs):
     messages = copy.deepcopy(as_messages(history)) + [{"role": role, "content": query}]
     stops, new, last = stop_ids(model, tokenizer), [], None
-    for ids in _streamed(model, kwargs, TokenStreamer()):
-        new += ids
-        text = tokenizer.decode(_new_ids(new, stops))
-        if text and not text.endswith("\ufffd") and text != last:  # a whole character, something new
-            last = text
-            yield process_chatglm3_response(text, messages)
-    if last is None:
-        yield process_chatglm3_response("", messages)
+    steps = _streamed(model, kwargs, TokenStreamer())
+    with contextlib.closing(steps):
+        for ids in steps:
+            new += ids
+            text = tokenizer.decode(_new_ids(new, stops))
+            if text and not text.endswith("\ufffd") and text != last:  # a whole character, something new
+                last = text
+                yield process_chatglm3_response(text, messages)
+    text = tokenizer.decode(_new_ids(new, stops))
+    if text != last:  # the whole reply comes last, as chat returns it (empty, or cut in a character)
+        yield process_chatglm3_response(text, messages)

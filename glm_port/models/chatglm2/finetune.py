@@ -7,6 +7,14 @@ target (``summary``) is encoded bare, truncated to ``max_target_length`` (128), 
 padded on the right to ``64 + 128 + 1`` for training. The model's loss over these labels is THUDM's
 (next-token cross entropy, mean over counted positions = ``sum(loss*mask)/mask.sum()``).
 
+A ChatGLM3 tokenizer (``chat_format`` "chatglm3") gets ChatGLM3's own layout instead, as THUDM's
+ChatGLM3 ``finetune_demo/finetune_hf.py`` builds a one-turn conversation: ``[gMASK] sop``, the source as a
+``<|user|>`` message and the target as an ``<|assistant|>`` message (``build_single_message``: role token,
+``"\n"``, text), then ``</s>``; the whole sequence cut to ``64 + 128 + 1``. Counted are the tokens that
+follow an assistant token: the answer's ``"\n"``, its text and ``</s>``, not ``<|assistant|>`` itself. The
+prompt to generate from ends with ``<|assistant|>`` (source part cut to 64), which is what ``chat`` feeds
+the model, so a model finetuned here answers in ``glm-chat``.
+
 LoRA as MindFormers trains ChatGLM2 on ADGEN: rank 8, alpha 32, dropout 0.1 on ``query_key_value``.
 """
 
@@ -39,6 +47,27 @@ def adgen_eval_example(tokenizer, content: str, summary: str, history=None, max_
     prompt = tokenizer.build_prompt(content, history)
     ids = tokenizer.encode(prompt, add_special_tokens=True, truncation=True, max_length=max_source_length)
     return {"input_ids": ids, "reference": summary}
+
+
+def chatglm3_train_example(tokenizer, content: str, summary: str, max_source_length: int = 64,
+                           max_target_length: int = 128) -> dict:
+    """``{"input_ids", "labels"}`` of one ChatGLM3 sample (one user turn, one assistant turn), unpadded."""
+    user = tokenizer.build_single_message("user", "", content)
+    answer = tokenizer.build_single_message("assistant", "", summary)
+    head = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")] + user
+    input_ids = head + answer + [tokenizer.eos_token_id]
+    first = len(head) + 1  # the first token after <|assistant|>: from there on every token is counted
+    labels = [IGNORE_INDEX] * first + input_ids[first:]
+    cap = max_source_length + max_target_length + 1
+    return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+
+
+def chatglm3_eval_example(tokenizer, content: str, summary: str, max_source_length: int = 64) -> dict:
+    """``{"input_ids", "reference"}``: ``[gMASK] sop`` + the user message (cut to ``max_source_length``) +
+    ``<|assistant|>``, the prompt ``chat`` would build for ``content``."""
+    head = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
+    ids = (head + tokenizer.build_single_message("user", "", content))[:max_source_length]
+    return {"input_ids": ids + [tokenizer.get_command("<|assistant|>")], "reference": summary}
 
 
 def lora_config(**overrides):
@@ -97,15 +126,21 @@ def encode(tokenizer, pairs, src_length: int, tgt_length: int, with_targets: boo
 
     from glm_port.training import Encoded
 
+    chatglm3 = getattr(tokenizer, "is_chatglm3", False)
     samples = []
     for pair in pairs:
-        if with_targets:
+        if with_targets and chatglm3:
+            built = chatglm3_train_example(tokenizer, pair.source, pair.target, src_length, tgt_length)
+            ids, labels = built["input_ids"], built["labels"]
+            truncated = built["labels"][-1] != tokenizer.eos_token_id  # the cut fell inside the answer
+        elif with_targets:
             built = adgen_train_example(tokenizer, pair.source, pair.target, max_source_length=src_length,
                                         max_target_length=tgt_length, pad=False)
             ids, labels = built["input_ids"], built["labels"]
             truncated = len(tokenizer.encode(pair.target, add_special_tokens=False)) > tgt_length
         else:
-            ids = adgen_eval_example(tokenizer, pair.source, pair.target, max_source_length=src_length)["input_ids"]
+            example = chatglm3_eval_example if chatglm3 else adgen_eval_example
+            ids = example(tokenizer, pair.source, pair.target, max_source_length=src_length)["input_ids"]
             labels, truncated = [IGNORE_INDEX] * len(ids), False
         target = np.asarray(labels[1:] + [IGNORE_INDEX], dtype=np.int64)
         counted = target != IGNORE_INDEX
@@ -152,19 +187,22 @@ def logits(model, batch: dict, counted):
 
 
 def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -> list[str]:
-    """The prompt (``[gMASK] sop`` + ``build_prompt(source)``) continued until ``</s>``, left-padded batches."""
+    """The prompt (``[gMASK] sop`` + ``build_prompt(source)``, or ChatGLM3's up to ``<|assistant|>``) continued
+    until ``</s>`` (or, in ChatGLM3's format, the next role token ``chat`` stops at), left-padded batches."""
     import torch
 
+    from glm_port.models.chatglm2.chat import stop_ids
     from glm_port.training import left_padded
 
-    search = {"eos_token_id": model.config.eos_token_id, "pad_token_id": model.config.pad_token_id, **search}
+    stops = stop_ids(model, tokenizer)
+    search = {"eos_token_id": stops, "pad_token_id": model.config.pad_token_id, **search}
     texts = []
     for start in range(0, len(samples), batch_size):
         ids, mask = left_padded([s.text[:s.sep] for s in samples[start:start + batch_size]], tokenizer.pad_token_id)
         with torch.no_grad():
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **search)
         for row in out[:, ids.size(1):].tolist():
-            cut = next((k for k, t in enumerate(row) if t in (search["eos_token_id"], search["pad_token_id"])), len(row))
+            cut = next((k for k, t in enumerate(row) if t in stops or t == search["pad_token_id"]), len(row))
             texts.append(tokenizer.decode(row[:cut]).strip())
     return texts
 

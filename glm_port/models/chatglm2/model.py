@@ -353,10 +353,12 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
 
         return chat(self, tokenizer, query, history, role, **generate_kwargs)
 
-    def stream_chat(self, tokenizer, query: str, history=None, role: str = "user", **generate_kwargs):
+    def stream_chat(self, tokenizer, query: str, history=None, role: str = "user", past_key_values=None,
+                    return_past_key_values: bool = False, **generate_kwargs):
         from glm_port.models.chatglm2.chat import stream_chat
 
-        return stream_chat(self, tokenizer, query, history, role, **generate_kwargs)
+        return stream_chat(self, tokenizer, query, history, role, past_key_values=past_key_values,
+                           return_past_key_values=return_past_key_values, **generate_kwargs)
 
 
 def num_parameters_expected(config: ChatGLM2Config) -> int:
