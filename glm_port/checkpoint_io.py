@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -32,6 +33,8 @@ import shim.distributed as dist
 from glm_port.distributed import local_state_dict, tensor_parallel_size
 
 TRACKER = "latest_checkpointed_iteration.txt"
+TRACKERS = (TRACKER, "latest")  # Megatron's / glm-pretrain's, DeepSpeed's
+RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 
 
 class CheckpointError(ValueError):
@@ -168,6 +171,48 @@ def find_checkpoint(load: str | os.PathLike, tp_rank: int = 0) -> Path:
         hint = _previous_good(load, int(directory.name), tp_rank) if tracker.is_file() else ""
         raise CheckpointError(f"--load {load}: no checkpoint there ({path} not found){hint}")
     return path
+
+
+def shard_directory(path) -> Path | None:
+    """The iteration directory of the tensor-parallel checkpoint ``path`` names: an ``mp_rank_XX`` file's
+    directory, the one a tracker (``TRACKERS``) points at, or ``path`` itself when it holds rank files;
+    None when ``path`` is none of these."""
+    path = Path(path)
+    if path.is_file():
+        return path.parent if RANK_FILE.search(path.name) else None
+    if not path.is_dir():
+        return None
+    for tracker in TRACKERS:
+        if (path / tracker).is_file():
+            return path / (path / tracker).read_text().strip()
+    return path if any(RANK_FILE.search(p.name) for p in path.iterdir()) else None
+
+
+def rank_files(directory: Path) -> list[Path]:
+    """Every tensor-parallel rank's model file in ``directory``, in rank order; a one-line CheckpointError
+    when there is none or a rank's file is missing."""
+    directory = Path(directory)
+    ranks = {int(m.group(1)): p for p in directory.iterdir() if (m := RANK_FILE.search(p.name))}
+    if not ranks:
+        raise CheckpointError(f"{directory}: no mp_rank_XX_model_states.pt files")
+    size = max(ranks) + 1
+    missing = [r for r in range(size) if r not in ranks]
+    if missing:
+        raise CheckpointError(f"{directory}: {model_file_name(missing[0])} is missing "
+                              f"(the checkpoint has {size} model-parallel ranks)")
+    return [ranks[r] for r in range(size)]
+
+
+def saved_config(path) -> dict | None:
+    """The architecture a checkpoint of ours carries (``'glm_config'``: a family's config as a dict, with its
+    ``model_type`` where the family has one), read without loading its tensors; None for files that carry
+    none (upstream's) or cannot be read this way."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # upstream's pickles (numpy state), legacy formats: not ours, no saved config
+        return None
+    config = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 def _is_intact(path: Path) -> bool:

@@ -1,8 +1,9 @@
 """``glm-merge SRC OUT``: any GLM weights -> one Hugging Face GLM directory (single-shard safetensors,
 ``config.json``, the tokenizer files), which ``glm-generate --model OUT``, ``GLMForConditionalGeneration
-.from_pretrained(OUT)`` and ``glm-finetune --model_name_or_path OUT`` load.
+.from_pretrained(OUT)`` and ``glm-finetune --model_name_or_path OUT`` load; ChatGLM2 shards -> one THUDM-layout
+ChatGLM2 directory.
 
-    glm-merge runs/ft/checkpoints runs/ft/merged          # glm-finetune --tensor_parallel_degree 2 shards
+    glm-merge runs/ft/final runs/ft/merged                # glm-finetune --tensor_parallel_degree 2 shards
     glm-merge checkpoints/glm-large/ glm-large-hf          # upstream mp_rank_XX_model_states.pt files
     glm-merge --dtype bf16 glm-10b-sharded/ glm-10b-one    # a sharded HF directory, as one file in bf16
 
@@ -13,6 +14,13 @@ are merged by Megatron's split rules as the loaders apply them (``weights.iter_t
 tensor-parallel size 1: the rules exist once, in ``weights.SPLIT_RULES``). Names and shapes are checked
 against the architecture before anything is written; the output is assembled in a hidden directory
 beside OUT and renamed into place, so a failure leaves nothing half-written.
+
+The family comes from SRC's ``config.json`` or, for shards, from the config they carry (``models.family_at``).
+ChatGLM2 shards (glm-finetune's at any tensor-parallel size) are merged by the family's own rule,
+``chatglm2.weights.tensor_parallel_merge`` (the inverse of its split: ``query_key_value`` as ``[Q | K | V]``
+with replicated key/value groups, ``dense_h_to_4h`` as ``[gate | up]``), into THUDM's names and layout
+(safetensors shards of at most 2 GB + index, ``config.json`` with model_type "chatglm", ``tokenizer.model``),
+which ``chatglm2.weights.load_pretrained``, glm-generate, glm-chat and ``glm-convert --to transformers`` read.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import shim as torch
+from glm_port.models import family_at
 from glm_port.models.glm import weights
 from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
 from glm_port.models.glm.weights import WeightsError
@@ -191,6 +200,9 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     if dtype is not None and dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
     check_not_adapter(src)
+    if family_at(src).name == "chatglm2":  # its config.json, or the config its shards carry
+        return merge_chatglm2(src, out, dtype=dtype, tokenizer_type=tokenizer_type, tokenizer_path=tokenizer_path,
+                              num_attention_heads=num_attention_heads, overwrite=overwrite)
     source = weights.find_source(src)
     overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
     config = weights.source_config(source, overrides)
@@ -205,13 +217,30 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
             "dtype": str(stored).replace("torch.", ""), "tokenizer": tokenizer.vocab.name}
 
 
+def merge_chatglm2(src: Path, out: Path, *, dtype=None, tokenizer_type=None, tokenizer_path=None,
+                   num_attention_heads=None, overwrite=False) -> dict:
+    """ChatGLM2 shards (or a THUDM directory) -> one THUDM-layout directory (``chatglm2.convert.merge_checkpoint``:
+    the parts put together by ``chatglm2.weights.tensor_parallel_merge``, the inverse of its split)."""
+    from glm_port.models.chatglm2.convert import merge_checkpoint
+
+    if tokenizer_type is not None:
+        raise ConvertError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
+                           "(--tokenizer-path)")
+    if num_attention_heads is not None:
+        raise ConvertError("--num-attention-heads is for upstream GLM files; ChatGLM2 checkpoints carry their config")
+    return merge_checkpoint(src, out, dtype=DTYPES[dtype] if dtype else None, tokenizer_path=tokenizer_path,
+                            overwrite=overwrite)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Merge any GLM weights into one Hugging Face directory (single-shard safetensors, "
-        "config.json, tokenizer files) that glm-generate and from_pretrained load.",
+        "config.json, tokenizer files) that glm-generate and from_pretrained load; ChatGLM2 shards into one "
+        "THUDM-layout ChatGLM2 directory (what glm-chat, glm-generate and glm-convert read).",
         epilog="SRC: tensor-parallel shards (mp_rank_XX_model_states.pt of glm-finetune, glm-pretrain or upstream; "
         "a checkpoint directory with its tracker, or an iteration directory), or a Hugging Face GLM directory "
-        "(sharded or not). OUT is written whole or not at all.")
+        "(sharded or not). The family (GLM or ChatGLM2) comes from SRC's config.json or the config its shards "
+        "carry. OUT is written whole or not at all.")
     parser.add_argument("src", metavar="SRC", help="the weights to merge")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist, or be empty)")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     switch("--recompute", "activation checkpointing of every layer (less memory, more time)")
     flag("--tensor_parallel_degree", type=int, default=1, help="split the model over this many processes (torchrun)")
     flag("--merge_tensor_parallel_path", default=None,
-         help="after training, write single-shard weights there (as glm-merge does)")
+         help="after training at --tensor_parallel_degree > 1, merge the saved shards into one directory "
+         "there (as glm-merge does: GLM's layout, or THUDM's for ChatGLM2)")
     flag("--device", default=None, help="cpu, cuda, cuda:1... (default: the GPU if there is one)")
 
     groups.append(parser.add_argument_group("LoRA (PEFT)"))

@@ -57,8 +57,9 @@ def register(family: Family) -> None:
 
 
 def family_at(path) -> Family:
-    """The family of the weights at ``path``: its (or its folder's) ``config.json``'s ``model_type``; GLM
-    where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain checkpoints)."""
+    """The family of the weights at ``path``: its (or its folder's) ``config.json``'s ``model_type``; for
+    tensor-parallel shards without one, the ``model_type`` of the config the shards carry (glm-finetune's
+    ChatGLM2 shards); GLM where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain checkpoints)."""
     path = Path(path)
     for directory in (path if path.is_dir() else path.parent, path.parent):
         config = directory / "config.json"
@@ -68,4 +69,11 @@ def family_at(path) -> Family:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{config}: not valid JSON ({error.msg})") from None
             return family_for(model_type) if model_type else FAMILIES["glm"]
+    from glm_port.checkpoint_io import model_file_name, saved_config, shard_directory
+
+    shards = shard_directory(path)
+    if shards is not None and (shards / model_file_name(0)).is_file():
+        model_type = (saved_config(shards / model_file_name(0)) or {}).get("model_type")
+        if model_type:
+            return family_for(model_type)
     return FAMILIES["glm"]

@@ -53,6 +53,20 @@ def _assert_one_process_run(tmp_path, capsys, logs, argv, full):
         torch.testing.assert_close(tp_adapter[key], value, rtol=1e-3, atol=1e-5, msg=key)
 
 
+def _assert_one_process_logits(tmp_path, *directories):
+    """Each of ``directories`` (a TP full finetune's shards, merged or as saved) loads through ChatGLM2's
+    ``load_pretrained`` and gives the logits (1e-4) of the model the one-process full finetune saved."""
+    from glm_port.models.chatglm2.weights import load_pretrained
+
+    ids = torch.tensor([[5, 17, 42, 99, 7, 300, 11, 64], [790, 792, 8, 9, 10, 11, 12, 13]])
+    with torch.no_grad():
+        single = load_pretrained(tmp_path / "one_full" / "final")(ids).logits
+        for directory in directories:
+            torch.testing.assert_close(load_pretrained(directory)(ids).logits, single, rtol=1e-4, atol=1e-4,
+                                       msg=str(directory))
+    return ids, single
+
+
 def _losses(text):
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(text)}
 
@@ -252,10 +266,18 @@ def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(
     dense_h_to_4h [gate | up] (stride 2): TP 2 trains as one process does and saves the same whole adapter."""
     full = _tiny_chatglm2_finetune_argv(tmp_path)
     argv = [*full, "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
-    # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer).
+    # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer),
+    # its shards merged into one THUDM directory by --merge_tensor_parallel_path.
     logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
-                          [*full, "--output_dir", str(tmp_path / "tp_full")])
+                          [*full, "--output_dir", str(tmp_path / "tp_full"),
+                           "--merge_tensor_parallel_path", str(tmp_path / "tp_merged")])
     _assert_one_process_run(tmp_path, capsys, logs, argv, full)
+    assert "merged the tensor-parallel shards into" in logs[1]
+    assert json.loads((tmp_path / "tp_merged" / "config.json").read_text())["model_type"] == "chatglm"
+    assert sorted(p.name for p in (tmp_path / "tp_full" / "final" / "4").iterdir()) == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    # The merged directory, and the shard directory as saved (merged on loading), give one process's logits.
+    _assert_one_process_logits(tmp_path, tmp_path / "tp_merged", tmp_path / "tp_full" / "final")
 
 
 def test_tensor_parallel_4_on_chatglm2s_2_key_value_groups_trains_as_one_process(tmp_path, capsys):
@@ -267,6 +289,20 @@ def test_tensor_parallel_4_on_chatglm2s_2_key_value_groups_trains_as_one_process
     logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
                           [*full, "--output_dir", str(tmp_path / "tp_full")], world=4)
     _assert_one_process_run(tmp_path, capsys, logs, argv, full)
+    # glm-merge puts the 4 shards (each key/value group held by 2 of them) back into one THUDM directory, which
+    # loads with one process's logits, and which glm-convert turns into transformers' GlmForCausalLM.
+    from transformers import AutoModelForCausalLM
+
+    from glm_port.convert.merge import main as merge
+    from glm_port.convert.native import main as convert
+
+    merge([str(tmp_path / "tp_full" / "final"), str(tmp_path / "merged")])
+    assert "(4 tensor-parallel shards)" in capsys.readouterr().out
+    ids, single = _assert_one_process_logits(tmp_path, tmp_path / "merged")
+    assert convert(["--to", "transformers", str(tmp_path / "merged"), str(tmp_path / "hf")]) == 0
+    with torch.no_grad():
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        torch.testing.assert_close(hf(ids).logits, single, rtol=1e-4, atol=1e-4)
 
 
 def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):

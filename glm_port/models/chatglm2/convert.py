@@ -40,7 +40,8 @@ import torch
 from tqdm import tqdm
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
-from glm_port.models.chatglm2.weights import TensorSource, WeightsError, read_config, read_config_json
+from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, WeightsError, read_config,
+                                              read_config_json)
 
 _LAYER = re.compile(r"^transformer\.encoder\.layers\.(\d+)\.(.+)$")
 _PLAIN = {  # per-layer names that only change their prefix
@@ -190,15 +191,20 @@ def _parse_size(text: str) -> int:
     return int(float(match[1]) * scale)
 
 
-def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert"):
-    """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically."""
+def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert",
+               overwrite: bool = False):
+    """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically
+    (``overwrite``: a non-empty ``dst`` is replaced once the new one is complete)."""
     from safetensors.torch import save_file
 
     dst = Path(dst)
-    if dst.exists() and any(dst.iterdir()):
+    if dst.exists() and any(dst.iterdir()) and not overwrite:
         raise WeightsError(f"{dst}: exists and is not empty (pick a new directory)")
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # a plain directory once published (mkdtemp makes it private)
     try:
         shards, current, size = [], {}, 0
         for name, get in tqdm(plan, desc=desc, unit="tensor", disable=None):
@@ -229,9 +235,15 @@ def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 
         for fname in TOKENIZER_FILES:
             if src is not None and (Path(src) / fname).is_file():
                 shutil.copyfile(Path(src) / fname, tmp / fname)
-        if dst.exists():
-            dst.rmdir()
-        os.replace(tmp, dst)
+        if dst.exists() and any(dst.iterdir()):  # overwrite: the old one goes once the new one is in place
+            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+            os.replace(dst, old / dst.name)
+            os.replace(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if dst.exists():
+                dst.rmdir()
+            os.replace(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -272,3 +284,68 @@ def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
         config.save_pretrained(directory)
 
     write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="from transformers")
+
+
+# ---------------------------------------------------------------- glm-merge
+def _tokenizer_for(src: Path, source, tokenizer_path):
+    """The tokenizer to write beside the merged weights: ``tokenizer_path`` (a ``tokenizer.model`` or its
+    directory), else the one beside SRC (for shards: in SRC, their iteration directory or its parent)."""
+    from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
+    from glm_port.models.chatglm2.weights import load_tokenizer
+
+    if tokenizer_path is not None:
+        path = Path(tokenizer_path).expanduser()
+        if path.is_dir():
+            return load_tokenizer(path)
+        if not path.is_file():
+            raise WeightsError(f"--tokenizer-path {path}: no such file or directory")
+        return ChatGLM2Tokenizer(str(path))
+    places = [src if src.is_dir() else src.parent]
+    if hasattr(source, "files"):  # shards: their iteration directory, then its parent (the tracker's)
+        places += [source.files[0].parent, source.files[0].parent.parent]
+    for place in places:
+        if (place / "tokenizer.model").is_file():
+            return load_tokenizer(place)
+    raise WeightsError(f"no tokenizer.model beside {src} (looked in {', '.join(map(str, dict.fromkeys(places)))}): "
+                       f"name it with --tokenizer-path")
+
+
+def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=False, max_shard_size="2GB") -> dict:
+    """ChatGLM2 weights at ``src`` (tensor-parallel shards, merged by ``weights.tensor_parallel_merge``, or a
+    THUDM directory) -> one THUDM-layout directory ``dst``: safetensors shards of at most ``max_shard_size``
+    (+ index), ``config.json`` (model_type "chatglm"), the tokenizer. Names, shapes and the tokenizer are
+    checked before anything is written; ``dst`` appears whole or not at all. Returns glm-merge's summary."""
+    from glm_port.models.chatglm2.weights import check_directory, open_weights
+
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    source = open_weights(src)  # shards: checked on opening (ranks, names, part shapes)
+    config = source.config if hasattr(source, "config") else check_directory(src)
+    tokenizer = _tokenizer_for(src, source, tokenizer_path)
+    if tokenizer.vocab_size > config.padded_vocab_size:
+        raise WeightsError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
+                           f"padded_vocab_size ({config.padded_vocab_size}): name its own with --tokenizer-path")
+    stored, count = set(), {"tensors": 0, "parameters": 0}
+
+    def get(name):
+        tensor = source[name]
+        tensor = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+        if tensor.is_floating_point():
+            stored.add(tensor.dtype)
+        count["tensors"] += 1
+        count["parameters"] += tensor.numel()
+        return tensor
+
+    names = [n for n in source.keys() if not n.endswith(IGNORED_KEYS)]
+
+    def write_config(directory):
+        config.architectures = ["ChatGLM2ForCausalLM"]
+        config.dtype = stored.pop() if len(stored) == 1 else torch.float32
+        config.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_plan([(n, lambda n=n: get(n)) for n in names], dst, write_config, None, _parse_size(max_shard_size),
+               None, desc="glm-merge", overwrite=overwrite)
+    return {"source": str(src), "kind": "megatron" if hasattr(source, "files") else "hf",
+            "shards": getattr(source, "size", 1), "output": str(dst), **count,
+            "dtype": str(config.dtype).replace("torch.", ""),
+            "tokenizer": f"ChatGLM2 sentencepiece ({tokenizer.vocab_size} ids)"}

@@ -33,10 +33,10 @@ def load_split(path, config, dtype=None, device="cpu"):
     one tensor at a time (``weights.tensor_parallel_slice``). A size larger than the key/value group count
     (a multiple of it) gives each rank a copy of its heads' group; other sizes are a one-line ValueError."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
-    from glm_port.models.chatglm2.weights import TensorSource, default_dtype, load_tensor_parallel
+    from glm_port.models.chatglm2.weights import default_dtype, load_tensor_parallel, open_weights
 
     model = ChatGLM2ForCausalLM(config)
-    load_tensor_parallel(model, TensorSource(path))
+    load_tensor_parallel(model, open_weights(path))
     return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
 
 

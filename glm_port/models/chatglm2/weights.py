@@ -10,6 +10,11 @@ would initialise it at random and only warn).
 
 ``TensorSource`` reads single tensors across shards lazily (safetensors' ``safe_open``; ``.bin`` shards
 memory-mapped), for conversions that must not hold a whole 6B model twice.
+
+Tensor parallel: ``tensor_parallel_slice`` cuts a THUDM tensor into a rank's part, ``tensor_parallel_merge``
+puts the parts back (its exact inverse). ``ShardSource`` reads a tensor-parallel checkpoint (glm-finetune's
+``mp_rank_XX_model_states.pt``, one per rank) by THUDM's names, each tensor merged when asked; every loader
+here (``load_pretrained``, ``check_directory``, ``open_weights``) takes such a directory as it takes THUDM's.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 import torch
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
-from shim.nn.tensor_parallel import section_part
+from shim.nn.tensor_parallel import section_part, sections_whole
 
 MODEL_TYPES = ("chatglm",)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -123,7 +128,11 @@ class TensorSource:
 
 
 def check_directory(directory) -> ChatGLM2Config:
-    """Everything checkable without reading weights: family, config, shards present, no key missing."""
+    """Everything checkable without reading weights: family, config, shards present, no key missing (for a
+    tensor-parallel checkpoint: every rank's file, its names and its parts' shapes, ``ShardSource``)."""
+    shards = tensor_parallel_checkpoint(directory)
+    if shards is not None:
+        return shards.config
     config = read_config(directory)
     present = set(weight_map(directory))
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
@@ -143,11 +152,22 @@ def default_dtype(device) -> torch.dtype:
 
 
 def load_pretrained(directory, dtype=None, device="cpu"):
-    """``ChatGLM2ForCausalLM`` from a ChatGLM2 directory, shard by shard to ``dtype`` on ``device``, eval mode."""
+    """``ChatGLM2ForCausalLM`` from a ChatGLM2 directory, shard by shard to ``dtype`` on ``device``, eval mode;
+    or from a tensor-parallel checkpoint (``mp_rank_XX`` files, merged by ``tensor_parallel_merge``)."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
-    config = check_directory(directory)
     dtype = dtype or default_dtype(device)
+    shards = tensor_parallel_checkpoint(directory)
+    if shards is not None:  # merged tensor by tensor into a model built on the meta device
+        with torch.device("meta"):
+            model = ChatGLM2ForCausalLM(shards.config)
+        state = {}
+        for name in shards.keys():
+            tensor = shards[name]
+            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        model.load_state_dict(state, strict=True, assign=True)
+        return model.to(device=device).eval()
+    config = check_directory(directory)
     model, info = ChatGLM2ForCausalLM.from_pretrained(
         directory, config=config, dtype=dtype, device_map=str(torch.device(device)), output_loading_info=True
     )
@@ -212,9 +232,168 @@ def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config,
     if ".dense_h_to_4h." in name:
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
-    if name.endswith((".self_attention.dense.weight", ".dense_4h_to_h.weight")):
+    if name.endswith(_ROW_SPLIT):
         return full.chunk(size, dim=1)[rank]
     return full
+
+
+_ROW_SPLIT = (".self_attention.dense.weight", ".dense_4h_to_h.weight")
+# Parts several ranks hold (a key/value group at T > G; whole tensors) are taken from the first rank holding
+# them; the others must agree with it to this tolerance (compared in float32; rtol at least two units of the
+# stored dtype's precision, so a bf16 copy may be a rounding or two apart). Training keeps copies equal
+# (bitwise on CPU); a larger difference means the files are not one run's shards.
+COPY_RTOL, COPY_ATOL = 1e-3, 1e-5
+
+
+def _qkv_sections(config: ChatGLM2Config, size: int):
+    """``query_key_value``'s row blocks ``(Q, K, V)`` and how many ranks hold each part of them."""
+    d, heads, groups = config.kv_channels, config.num_attention_heads, config.num_key_value_heads
+    copies = size // groups if size > groups else 1
+    return (heads * d, groups * d, groups * d), (1, copies, copies)
+
+
+def tensor_parallel_merge(name: str, parts: list, config: ChatGLM2Config) -> torch.Tensor:
+    """THUDM's whole tensor ``name`` from every rank's part (in rank order): ``tensor_parallel_slice``'s
+    inverse, so ``merge([slice(full, r) for r])`` is ``full`` exactly.
+
+    ``query_key_value`` rows: each rank's ``[Q_r; K_r; V_r]`` put back as ``[Q | K | V]`` (a key/value group
+    several ranks hold, T > G, read from the first of them); ``dense_h_to_4h``: the ``gate_r`` halves, then
+    the ``up_r`` halves; ``dense`` and ``dense_4h_to_h`` weights: the columns side by side; everything else is
+    whole on every rank: the first rank's. Then every part must be its rank's slice of the result: the
+    same shape, and a copy equal to the first (to ``COPY_RTOL``, ``COPY_ATOL``); else a one-line WeightsError.
+    """
+    size = len(parts)
+    shapes = [list(p.shape) for p in parts]
+    try:
+        if size == 1:
+            whole = parts[0]
+        elif ".query_key_value." in name:
+            if not config.multi_query_attention:  # per-head [q; k; v] blocks: runs of heads side by side
+                whole = torch.cat(parts, dim=0)
+            else:
+                whole = sections_whole(parts, *_qkv_sections(config, size))
+        elif ".dense_h_to_4h." in name:
+            halves = [p.chunk(2, dim=0) for p in parts]
+            whole = torch.cat([torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)])
+        elif name.endswith(_ROW_SPLIT):
+            whole = torch.cat(parts, dim=1)
+        else:
+            whole = parts[0]
+    except RuntimeError:  # parts that do not even fit together
+        raise WeightsError(f"{name}: parts of shapes {shapes} are not {size} tensor-parallel slices of one "
+                           f"tensor of this model") from None
+    for rank, part in enumerate(parts):
+        expected = tensor_parallel_slice(name, whole, config, rank, size)
+        if list(expected.shape) != list(part.shape):
+            raise WeightsError(f"{name}: rank {rank}'s part is {list(part.shape)}, its slice of tensor parallel "
+                               f"{size} would be {list(expected.shape)} (shards of another model or degree?)")
+        if part is not expected and not torch.equal(part, expected):
+            a, b = part.float(), expected.float()
+            rtol = max(COPY_RTOL, 2 * torch.finfo(part.dtype).eps) if part.is_floating_point() else 0.0
+            if not part.is_floating_point() or not torch.allclose(a, b, rtol=rtol, atol=COPY_ATOL):
+                raise WeightsError(f"{name}: rank {rank}'s copy differs from the first rank's by up to "
+                                   f"{(a - b).abs().max().item():.3g} (shards of different runs?)")
+    return whole
+
+
+class ShardSource:
+    """A tensor-parallel ChatGLM2 checkpoint (``mp_rank_XX_model_states.pt``, one per rank, as glm-finetune
+    writes them with the config under ``'glm_config'``) read by THUDM's names, each tensor merged
+    (``tensor_parallel_merge``) when asked. The files are memory-mapped. Checked on opening, before any
+    tensor is read: every rank's file present, its config a ChatGLM2 one, the same names in every file and
+    exactly the model's, each part the shape of its rank's slice."""
+
+    def __init__(self, directory, files: list[Path]):
+        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
+        self.directory, self.files = Path(directory), files
+        checkpoints = [self._read(f) for f in files]
+        raw = checkpoints[0].get("glm_config")
+        if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
+            found = raw.get("model_type") if isinstance(raw, dict) else None
+            raise WeightsError(f"{files[0]}: not a ChatGLM2 checkpoint (its saved config's model_type is "
+                               f"{found!r}, expected {' or '.join(map(repr, MODEL_TYPES))})")
+        self.config = ChatGLM2Config.from_dict({k: v for k, v in raw.items() if k != "model_type"})
+        try:
+            self.config.check_supported()
+        except ValueError as error:
+            raise WeightsError(f"{files[0]}: {error}") from None
+        self.modules = [{k: v for k, v in c["module"].items() if k not in IGNORED_KEYS} for c in checkpoints]
+        with torch.device("meta"):
+            expected = {k: v.shape for k, v in ChatGLM2ForCausalLM(self.config).state_dict().items()}
+        size = len(files)
+        for path, module in zip(files, self.modules):
+            missing = [k for k in expected if k not in module]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise WeightsError(f"{path}: weight {missing[0]} missing from the checkpoint{more}")
+            unexpected = [k for k in module if k not in expected]
+            if unexpected:
+                raise WeightsError(f"{path}: unexpected weight {unexpected[0]} (not a ChatGLM2 of this config?)")
+        for name, shape in expected.items():
+            whole = torch.empty(shape, device="meta")
+            for rank, (path, module) in enumerate(zip(files, self.modules)):
+                want = list(tensor_parallel_slice(name, whole, self.config, rank, size).shape)
+                if list(module[name].shape) != want:
+                    raise WeightsError(f"{path}: {name} is {list(module[name].shape)}, rank {rank}'s slice at "
+                                       f"tensor parallel {size} of the saved config is {want} (a rank's file "
+                                       f"missing, or one from another model or degree?)")
+        self._names = list(expected)
+
+    @staticmethod
+    def _read(path: Path) -> dict:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as error:  # torch raises many kinds for a damaged file
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None
+        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("module"), dict):
+            raise WeightsError(f"{path}: holds no model weights ('module' missing)")
+        return checkpoint
+
+    @property
+    def size(self) -> int:
+        return len(self.files)
+
+    def keys(self):
+        return list(self._names)
+
+    def __contains__(self, key) -> bool:
+        return key in self.modules[0]
+
+    def __getitem__(self, key) -> torch.Tensor:
+        if key not in self.modules[0]:
+            raise WeightsError(f"{self.directory}: weight {key} missing from the checkpoint")
+        try:
+            return tensor_parallel_merge(key, [m[key] for m in self.modules], self.config)
+        except WeightsError as error:
+            raise WeightsError(f"{self.directory}: {error}") from None
+
+
+def tensor_parallel_checkpoint(directory) -> ShardSource | None:
+    """``ShardSource`` over the tensor-parallel checkpoint at ``directory`` (a directory with a checkpoint
+    tracker, an iteration directory, or one ``mp_rank_XX`` file); None when it holds THUDM's layout (or none)."""
+    from glm_port.checkpoint_io import CheckpointError, rank_files, shard_directory
+
+    path = Path(directory)
+    if path.is_dir() and any((path / name).is_file() for name in INDEX_FILES + SINGLE_FILES):
+        return None
+    shards = shard_directory(path)
+    if shards is None:
+        return None
+    if not shards.is_dir():
+        raise WeightsError(f"{path}: its checkpoint tracker points at {shards}, which does not exist")
+    try:
+        files = rank_files(shards)
+    except CheckpointError as error:
+        raise WeightsError(str(error)) from None
+    return ShardSource(path, files)
+
+
+def open_weights(directory):
+    """The tensors of a ChatGLM2 directory by THUDM's names, read lazily: ``TensorSource`` (THUDM's layout)
+    or ``ShardSource`` (a tensor-parallel checkpoint)."""
+    return tensor_parallel_checkpoint(directory) or TensorSource(directory)
 
 
 def load_tensor_parallel(model, state: dict) -> None:

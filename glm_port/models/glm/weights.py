@@ -36,9 +36,9 @@ from typing import Callable, Iterator
 
 import shim as torch
 
+from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
-TRACKERS = ("latest_checkpointed_iteration.txt", "latest")
-MP_RANK = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
                    "pytorch_model.bin")
 
@@ -170,19 +170,13 @@ def _sharded_source(directory: Path, index: Path, config: dict) -> WeightSource:
 def _megatron_source(directory: Path, root: Path) -> WeightSource:
     if not directory.is_dir():
         raise WeightsError(f"{root}: its tracker points at {directory}, which does not exist")
-    ranks = {}
-    for p in directory.iterdir():
-        match = MP_RANK.search(p.name)
-        if match:
-            ranks[int(match.group(1))] = p
-    if not ranks:
-        raise WeightsError(f"{directory}: no mp_rank_XX_model_states.pt files")
-    size = max(ranks) + 1
-    missing = [r for r in range(size) if r not in ranks]
-    if missing:
-        raise WeightsError(f"{directory}: mp_rank_{missing[0]:02d}_model_states.pt is missing "
-                           f"(the checkpoint has {size} model-parallel ranks)")
-    source = WeightSource("megatron", root, [ranks[r] for r in range(size)])
+    from glm_port.checkpoint_io import CheckpointError, rank_files
+
+    try:  # every rank's file, or the first missing one named
+        files = rank_files(directory)
+    except CheckpointError as error:
+        raise WeightsError(str(error)) from None
+    source = WeightSource("megatron", root, files)
     for candidate in (directory / "config.json", root / "config.json"):
         if candidate.is_file():
             source.config = _read_json(candidate)
