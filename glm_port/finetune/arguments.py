@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--tensor_parallel_degree", type=int, default=1, help="split the model over this many processes (torchrun)")
     flag("--merge_tensor_parallel_path", default=None,
          help="after training at --tensor_parallel_degree > 1, merge the saved shards into one directory "
-         "there (as glm-merge does: GLM's layout, or THUDM's for ChatGLM2)")
+         "there (as glm-merge does: GLM's layout, or THUDM's for ChatGLM2); full finetunes only (a LoRA adapter "
+         "is saved whole)")
     flag("--device", default=None, help="cpu, cuda, cuda:1... (default: the GPU if there is one)")
 
     groups.append(parser.add_argument_group("LoRA (PEFT)"))

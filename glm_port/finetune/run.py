@@ -235,6 +235,10 @@ def _check_inputs(args) -> None:
     if args.merge_tensor_parallel_path and not args.do_train:
         raise FinetuneError("--merge_tensor_parallel_path merges the shards a training run saves: give --do_train "
                             "(or run glm-merge on saved shards)")
+    if args.merge_tensor_parallel_path and (args.lora or args.lora_path) and not args.merge_lora:
+        raise FinetuneError("--merge_tensor_parallel_path with LoRA: the adapter is saved whole, there are no shards "
+                            "to merge; fold it into its base with glm-export (or train with --merge_lora at "
+                            "tensor-parallel size 1)")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")

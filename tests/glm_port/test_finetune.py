@@ -129,6 +129,8 @@ def test_lora_trains_adapters_only_and_saves_them_in_peft_format(tmp_path, capsy
     (["--do_train", "--train_file", "missing.json"], "--train_file missing.json: no such file"),
     (["--model_name_or_path", "nowhere", "--do_eval", "--eval_file", __file__], "nowhere: no such file or directory"),
     (["--lora", "--lora_target_modules", "qkv", "--max_steps", "1"], "the model has no module named 'qkv'"),
+    (["--lora", "--merge_tensor_parallel_path", "merged", "--max_steps", "1"],  # refused before training, not after
+     "--merge_tensor_parallel_path with LoRA: the adapter is saved whole"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
