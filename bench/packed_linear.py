@@ -3,6 +3,7 @@ oneDNN-packed (``shim.nn.PackedLinear``), on the weight shapes of one ChatGLM2-6
 
     python -m bench.packed_linear                         # fp32 and bf16, 1 and 8 rows
     python -m bench.packed_linear --rows 1 --dtypes float32
+    python -m bench.packed_linear --rows 1 --dtypes float32 --per-shape   # + each shape's GB/s, three ways
 
 Per (dtype, rows): the sum over the five shapes of each product's median time (ms), and the GB/s that sum
 implies for reading every weight once. MKL packing exists for fp32 only. Why docs/generation.md ("CPU:
@@ -39,23 +40,32 @@ def measure(dtype_name: str, rows: int, repeats: int) -> dict:
 
     dtype = getattr(torch, dtype_name)
     totals = {"plain": 0.0, "mkl": 0.0, "onednn": 0.0}
+    shapes = {}  # name -> {way: ms}
     weight_bytes = 0
     with torch.inference_mode():
-        for out_features, in_features in SHAPES.values():
+        for name, (out_features, in_features) in SHAPES.items():
             weight = torch.randn(out_features, in_features).to(dtype)
             x = torch.randn(rows, in_features).to(dtype)
-            weight_bytes += weight.numel() * weight.element_size()
-            totals["plain"] += median_ms(lambda: F.linear(x, weight), repeats)
+            times = shapes[name] = {"plain": median_ms(lambda: F.linear(x, weight), repeats), "mkl": float("nan")}
             if dtype == torch.float32 and torch._C.has_mkl:
                 mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-                totals["mkl"] += median_ms(lambda: torch.ops.mkl._mkl_linear(x, mkl, weight, None, rows), repeats)
-            else:
-                totals["mkl"] = float("nan")
+                times["mkl"] = median_ms(lambda: torch.ops.mkl._mkl_linear(x, mkl, weight, None, rows), repeats)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-            totals["onednn"] += median_ms(
+            times["onednn"] = median_ms(
                 lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], ""), repeats)
+            times["bytes"] = weight.numel() * weight.element_size()
+            weight_bytes += times["bytes"]
+            for way in totals:
+                totals[way] += times[way]
             del weight, packed
-    return {"totals": totals, "weight_bytes": weight_bytes}
+    return {"totals": totals, "weight_bytes": weight_bytes, "shapes": shapes}
+
+
+def _cells(times: dict, weight_bytes: int) -> str:
+    """``ms (GB/s)`` for the plain, MKL-packed and oneDNN-packed product (n/a where there is none)."""
+    cells = [f"{times[way]:8.1f} ({weight_bytes / times[way] / 1e6:4.1f})" if times[way] == times[way] else "n/a"
+             for way in ("plain", "mkl", "onednn")]
+    return " ".join(f"{c:>17}" for c in cells)
 
 
 def main(argv=None) -> None:
@@ -64,6 +74,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--per-shape", action="store_true", help="also a line per weight shape")
     args = parser.parse_args(argv)
     import torch
 
@@ -75,9 +86,10 @@ def main(argv=None) -> None:
     for dtype in args.dtypes:
         for rows in args.rows:
             result = measure(dtype, rows, args.repeats)
-            cells = [f"{ms:8.1f} ({result['weight_bytes'] / ms / 1e6:4.1f})" if ms == ms else f"{'n/a':>17}"
-                     for ms in result["totals"].values()]
-            print(f"{dtype:<9} {rows:>4} " + " ".join(f"{c:>17}" for c in cells))
+            print(f"{dtype:<9} {rows:>4} " + _cells(result["totals"], result["weight_bytes"]))
+            if args.per_shape:
+                for name, times in result["shapes"].items():
+                    print(f"  {name:<17} " + _cells(times, times["bytes"]))
 
 
 if __name__ == "__main__":
