@@ -295,6 +295,8 @@ def train(args, session: Session, train_samples, eval_data) -> int:
         save_checkpoint(checkpoints, step, local_state_dict(model), config=session.config, optimizer=optimizer,
                         scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
                         writer=env.dp_rank == 0)
+        if env.is_main and not (checkpoints / "tokenizer_config.json").is_file():  # so glm-merge / the loaders
+            session.binding.save_tokenizer(session.tokenizer, checkpoints, session.source)  # read them alone
 
     def periodic_eval(step: int) -> None:
         scores, predictions = evaluate(session, args, *eval_data)  # every rank: the model is split over them

@@ -156,3 +156,18 @@ def test_bad_shards_are_one_line_exit_2_and_nothing_written(tiny_shards, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("glm-merge: error: ") and message in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "tp2"][:2 if case == "another degree" else 1]
+
+
+def test_glm_merge_reads_glm_finetunes_periodic_checkpoints_alone(tmp_path, capsys):
+    """glm-finetune --save_steps keeps the tokenizer beside its checkpoints, so glm-merge OUT/checkpoints needs no
+    --tokenizer-path, and the merged last checkpoint is the model the run saved under final/."""
+    from glm_port.finetune.run import main as finetune_main
+
+    out = tmp_path / "run"
+    finetune_main(["--model_name_or_path", "chatglm2-tiny", "--max_steps", "4", "--save_steps", "2", "--do_eval",
+                   "false", "--learning_rate", "1e-2", "--output_dir", str(out)])
+    assert merge_main([str(out / "checkpoints"), str(tmp_path / "merged")]) in (None, 0)
+    merged, final = load_pretrained(tmp_path / "merged"), load_pretrained(out / "final")
+    ids = torch.arange(5, 21).view(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, final(ids).logits)
