@@ -54,7 +54,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose float16, bfloat16 or float32")
-    check_output(out, overwrite, source, lora)
+    check_output(out, overwrite, ("--model_name_or_path", source), ("--lora_path", lora),
+                 ("--tokenizer_path", tokenizer_path), out_flag="--output_path")
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
     check_not_adapter(source, "--model_name_or_path")

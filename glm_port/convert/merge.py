@@ -26,7 +26,6 @@ which ``chatglm2.weights.load_pretrained``, glm-generate, glm-chat and ``glm-con
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from glm_port.models import family_at
 from glm_port.models.glm import weights
 from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
 from glm_port.models.glm.weights import WeightsError
+from glm_port.outputs import OutputError, check_apart, check_directory_output, discard, publish, work_directory
 
 PROG = "glm-merge"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -59,36 +59,12 @@ def check_not_adapter(path: Path, flag: str = "SRC") -> None:
                            f"glm-export --model_name_or_path BASE --lora_path {path}")
 
 
-def check_output(out: Path, overwrite: bool, *sources: Path) -> None:
-    """Refuse an output that would clobber something, before any work is done."""
-    for source in sources:
-        if source is not None and out.resolve() == Path(source).resolve():
-            raise ConvertError(f"{out}: the output cannot be the input")
-    if out.exists():
-        if not out.is_dir():
-            raise ConvertError(f"{out}: exists and is not a directory")
-        if any(out.iterdir()) and not overwrite:
-            raise ConvertError(f"{out}: exists and is not empty (pass --overwrite to replace it)")
-
-
-def work_directory(out: Path) -> Path:
-    """A fresh hidden directory beside ``out`` where the output is assembled."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    if work.exists():
-        shutil.rmtree(work)
-    return work
-
-
-def publish(work: Path, out: Path) -> None:
-    """Put the finished ``work`` directory at ``out`` (the old ``out``, if any, goes only once it is there)."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(work, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(work, out)
+def check_output(out: Path, overwrite: bool, *sources: tuple[str, Path | None], out_flag: str = "OUT") -> None:
+    """Refuse an output that would clobber an input (``outputs.check_apart``: OUT may neither be, contain nor
+    lie inside any of ``sources``, ``(flag, path)`` pairs, whatever ``overwrite`` says) or cannot be written,
+    before any work is done."""
+    check_apart(out, sources, out_flag)
+    check_directory_output(out, out_flag, overwrite=overwrite)
 
 
 def hf_config(config, dtype) -> dict:
@@ -165,11 +141,8 @@ def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Pat
             extra(work)
         publish(work, out)
     finally:
-        if work.exists():
-            shutil.rmtree(work)
-        stale = work.with_name(f".{work.name}.tmp")  # save_hf's own temporary, should it have failed
-        if stale.exists():
-            shutil.rmtree(stale)
+        discard(work)
+        discard(work.with_name(f".{work.name}.tmp"))  # save_hf's own temporary, should it have failed
     return out
 
 
@@ -196,7 +169,7 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     """Merge the GLM weights at ``src`` into the Hugging Face directory ``out``; returns a summary."""
     src, out = Path(src).expanduser(), Path(out).expanduser()
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
-    check_output(out, overwrite, src)
+    check_output(out, overwrite, ("SRC", src), ("--tokenizer-path", tokenizer_path))
     if dtype is not None and dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
     check_not_adapter(src)
@@ -262,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         summary = merge(args.src, args.out, dtype=args.dtype, tokenizer_type=args.tokenizer_type,
                         tokenizer_path=args.tokenizer_path, num_attention_heads=args.num_attention_heads,
                         overwrite=args.overwrite)
-    except (ConvertError, WeightsError, OSError, ValueError) as error:
+    except (ConvertError, WeightsError, OutputError, OSError, ValueError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -39,6 +39,7 @@ def main(argv=None) -> int:
 
     from glm_port.models.chatglm2.convert import from_transformers, to_transformers
     from glm_port.models.chatglm2.weights import WeightsError
+    from glm_port.outputs import OutputError
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
             to_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
         else:
             from_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
-    except (WeightsError, OSError) as exc:
+    except (WeightsError, OutputError, OSError) as exc:
         print(f"glm-convert: error: {exc}", file=sys.stderr)
         return 2
     print(f"glm-convert: wrote {args.dst}")

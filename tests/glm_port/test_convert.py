@@ -272,9 +272,10 @@ def test_export_bad_input(tmp_path, finetuned, capsys):
 
     peft.get_peft_model(other, peft.LoraConfig(r=2, target_modules=["query_key_value"])).save_pretrained(
         str(tmp_path / "other_adapter"))
+    (tmp_path / "not_adapter").mkdir()
     cases = [
         (["--lora_path", str(tmp_path / "other_adapter")], "was made for another base model"),
-        (["--lora_path", str(tmp_path)], "not a PEFT adapter"),
+        (["--lora_path", str(tmp_path / "not_adapter")], "not a PEFT adapter"),
     ]
     for extra, message in cases:
         err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "base"), "--output_path",
@@ -290,3 +291,71 @@ def test_export_bad_input(tmp_path, finetuned, capsys):
     err = exits_2(merge_cli.main, [str(root / "adapter"), str(tmp_path / "out")], capsys)
     assert "is a PEFT LoRA adapter, not a model" in err
     assert leftovers(tmp_path) == []
+
+
+# ---- an output never deletes its input (outputs.check_apart) -----------------------------------------
+
+
+def snapshot(directory) -> dict:
+    """Every file under ``directory`` with its bytes: what must survive a refused command."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("layout", ["out_contains_src", "out_is_a_link_above_src", "out_inside_src"])
+def test_merge_never_writes_over_its_input_whatever_the_flags(tmp_path, glm, capsys, layout):
+    """glm-merge tp2par/3 tp2par --overwrite replaced the whole TP-2 checkpoint (shards, tracker) with the
+    merged model: OUT may neither contain SRC nor lie inside it, symbolic links resolved, --overwrite or not."""
+    run = tmp_path / "tp2par"
+    write_shards(run, glm.state_dict(), 2)
+    (run / "other.txt").write_text("the run's notes")
+    src, out = run / "3", run
+    if layout == "out_is_a_link_above_src":
+        (tmp_path / "link").symlink_to(run)
+        out = tmp_path / "link"
+    elif layout == "out_inside_src":
+        src, out = run, run / "merged"
+    before = snapshot(tmp_path)
+    err = exits_2(merge_cli.main, [str(src), str(out), "--overwrite"], capsys)
+    assert err.startswith("glm-merge: error:") and ("contains the input SRC" in err or "is inside the input SRC" in err)
+    assert snapshot(tmp_path) == before  # the shards, the tracker and the sibling, byte for byte
+    assert leftovers(tmp_path) == []
+
+
+def test_export_never_writes_over_its_inputs(tmp_path, finetuned, capsys):
+    """glm-export --lora_path run/final --output_path run --overwrite deleted the adapter and the run's results."""
+    import shutil
+
+    root, _ = finetuned
+    run = tmp_path / "run"
+    shutil.copytree(root / "adapter", run / "final")
+    shutil.copytree(root / "base", tmp_path / "base")
+    (run / "other.txt").write_text("eval results")
+    before = snapshot(tmp_path)
+    cases = [
+        (["--model_name_or_path", str(tmp_path / "base"), "--lora_path", str(run / "final"), "--output_path", str(run)],
+         "contains the input --lora_path"),
+        (["--model_name_or_path", str(tmp_path / "base"), "--output_path", str(tmp_path / "base")],
+         "the output cannot be the input"),
+        (["--model_name_or_path", str(tmp_path / "base"), "--output_path", str(tmp_path / "base" / "served")],
+         "is inside the input --model_name_or_path"),
+        (["--model_name_or_path", str(tmp_path / "base"), "--tokenizer_path", str(run / "vocab.txt"),
+          "--output_path", str(run)], "contains the input --tokenizer_path"),
+    ]
+    for argv, message in cases:
+        err = exits_2(export_cli.main, [*argv, "--overwrite"], capsys)
+        assert err.startswith("glm-export: error: --output_path") and message in err, err
+        assert snapshot(tmp_path) == before
+    assert leftovers(tmp_path) == [] and leftovers(run) == []
+
+
+def test_merge_and_export_refuse_an_output_that_cannot_be_written_before_reading(tmp_path, glm, capsys):
+    write_shards(tmp_path / "src", glm.state_dict(), 1)
+    (tmp_path / "notes.txt").write_text("mine")
+    for out, message in [(tmp_path / "notes.txt", "exists and is not a directory"),
+                         (tmp_path / "notes.txt" / "out", "notes.txt is a file, not a directory")]:
+        err = exits_2(merge_cli.main, [str(tmp_path / "src"), str(out), "--overwrite"], capsys)
+        assert message in err, err
+        err = exits_2(export_cli.main, ["--model_name_or_path", str(tmp_path / "src"), "--output_path", str(out)],
+                      capsys)
+        assert message in err, err
+    assert (tmp_path / "notes.txt").read_text() == "mine"

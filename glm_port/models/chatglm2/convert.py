@@ -30,16 +30,15 @@ temporary directory that is renamed to DST at the end, so a failed run leaves no
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
+from glm_port.outputs import check_apart, check_directory_output, discard, publish, save_safetensors, work_directory
 from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, WeightsError, read_config,
                                               read_config_json)
 
@@ -191,20 +190,21 @@ def _parse_size(text: str) -> int:
     return int(float(match[1]) * scale)
 
 
-def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert",
-               overwrite: bool = False):
-    """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically
-    (``overwrite``: a non-empty ``dst`` is replaced once the new one is complete)."""
-    from safetensors.torch import save_file
+def check_destination(dst, inputs, overwrite: bool = False, overwrite_flag: str | None = None) -> None:
+    """Before anything is read: ``dst`` apart from every input (``outputs.check_apart``) and writable as a
+    directory (absent or empty; non-empty only with ``overwrite``, the command's ``overwrite_flag``)."""
+    check_apart(dst, inputs, "DST")
+    check_directory_output(dst, "DST", overwrite=overwrite, overwrite_flag=overwrite_flag)
 
+
+def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert",
+               overwrite: bool = False, inputs=()):
+    """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically
+    (``overwrite``: a non-empty ``dst`` is replaced once the new one is complete). ``dst`` may neither be,
+    contain nor lie inside ``src`` or any of ``inputs`` (``(flag, path)`` pairs), whatever ``overwrite`` says."""
     dst = Path(dst)
-    if dst.exists() and any(dst.iterdir()) and not overwrite:
-        raise WeightsError(f"{dst}: exists and is not empty (pick a new directory)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # a plain directory once published (mkdtemp makes it private)
+    check_destination(dst, [("SRC", src), *inputs], overwrite, "--overwrite" if desc == "glm-merge" else None)
+    tmp = work_directory(dst)
     try:
         shards, current, size = [], {}, 0
         for name, get in tqdm(plan, desc=desc, unit="tensor", disable=None):
@@ -225,7 +225,7 @@ def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            save_safetensors(shard, tmp / fname, metadata={"format": "pt"})
             weight_map.update({k: fname for k in shard})
             total += sum(t.numel() * t.element_size() for t in shard.values())
         if len(shards) > 1:
@@ -235,22 +235,14 @@ def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 
         for fname in TOKENIZER_FILES:
             if src is not None and (Path(src) / fname).is_file():
                 shutil.copyfile(Path(src) / fname, tmp / fname)
-        if dst.exists() and any(dst.iterdir()):  # overwrite: the old one goes once the new one is in place
-            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
-            os.replace(dst, old / dst.name)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            if dst.exists():
-                dst.rmdir()
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish(tmp, dst)
+    finally:
+        discard(tmp)
 
 
 def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
     """ChatGLM2 directory ``src`` -> transformers GLM directory ``dst`` (``AutoModelForCausalLM`` loads it)."""
+    check_destination(dst, [("SRC", src)])
     config = read_config(src)
     glm_config = to_glm_config(config)
     source = TensorSource(src)
@@ -267,6 +259,7 @@ def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
 
 def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
     """transformers GLM directory ``src`` (model_type "glm") -> ChatGLM2 directory ``dst``."""
+    check_destination(dst, [("SRC", src)])
     raw = read_config_json(src)
     if raw.get("model_type") != "glm":
         raise WeightsError(
@@ -318,6 +311,7 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
     from glm_port.models.chatglm2.weights import check_directory, open_weights
 
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    check_destination(dst, [("SRC", src), ("--tokenizer-path", tokenizer_path)], overwrite, "--overwrite")
     source = open_weights(src)  # shards: checked on opening (ranks, names, part shapes)
     config = source.config if hasattr(source, "config") else check_directory(src)
     tokenizer = _tokenizer_for(src, source, tokenizer_path)
@@ -344,7 +338,7 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
         tokenizer.save_pretrained(directory)
 
     write_plan([(n, lambda n=n: get(n)) for n in names], dst, write_config, None, _parse_size(max_shard_size),
-               None, desc="glm-merge", overwrite=overwrite)
+               None, desc="glm-merge", overwrite=overwrite, inputs=[("SRC", src), ("--tokenizer-path", tokenizer_path)])
     return {"source": str(src), "kind": "megatron" if hasattr(source, "files") else "hf",
             "shards": getattr(source, "size", 1), "output": str(dst), **count,
             "dtype": str(config.dtype).replace("torch.", ""),

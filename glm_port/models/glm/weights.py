@@ -521,8 +521,8 @@ def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, pref
 
 def _write_weights(tensors: dict, path: Path, safetensors: bool) -> None:
     if safetensors:
-        from safetensors.torch import save_file
+        from glm_port.outputs import save_safetensors  # a failed write (a full disk): one line naming the file
 
-        save_file({k: v.detach().cpu() for k, v in tensors.items()}, str(path))
+        save_safetensors({k: v.detach().cpu() for k, v in tensors.items()}, path)
     else:
         torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)

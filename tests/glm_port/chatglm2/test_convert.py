@@ -81,3 +81,21 @@ def test_bad_input_is_one_line_exit_2(tmp_path, converted, capsys):
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_convert_never_writes_over_its_source(tmp_path, make_model, write_thudm, capsys):
+    """DST may neither be, contain nor lie inside SRC (symbolic links resolved): refused before reading."""
+    run = tmp_path / "run"
+    write_thudm(make_model(), run / "model")
+    (run / "other.txt").write_text("notes")
+    (tmp_path / "link").symlink_to(run)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    for src, dst, message in [(run / "model", run, "contains the input SRC"),
+                              (run / "model", tmp_path / "link", "contains the input SRC"),
+                              (run / "model", run / "model" / "hf", "is inside the input SRC"),
+                              (run / "model", run / "model", "the output cannot be the input")]:
+        assert convert_main(["--to", "transformers", str(src), str(dst)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    assert not [p for p in tmp_path.rglob(".*")]
