@@ -29,7 +29,8 @@ from tqdm import tqdm
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint, saved_config
+from glm_port.outputs import check_apart, check_directory_output
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.data.batches import DataOptions, build_batches, corpus_splits
 from glm_port.models.glm import GLMConfig, GLMModel
@@ -97,6 +98,23 @@ def summary_writer(args, name: str, iteration: int):
     except ImportError:
         raise ImportError("--summary-dir needs TensorBoard: pip install 'glm-migrate[tensorboard]'") from None
     return SummaryWriter(log_dir=os.path.join(args.summary_dir, "runs", name), purge_step=iteration)
+
+
+def check_outputs(args) -> None:
+    """--save and --summary-dir, before the first step: directories this run can write, and --save apart from
+    everything it reads (``outputs.check_apart``). --save may hold --load (a run resumes in place: it adds
+    later iterations beside the loaded one) when --load is a checkpoint of ours, which carries its iteration;
+    an upstream or Hugging Face one starts again at iteration 0, whose saves would replace its files."""
+    if args.save is not None:
+        check_directory_output(args.save, "--save")
+        inputs = [("--tokenizer-path", args.tokenizer_path)]
+        for flag in ("train_data", "valid_data", "test_data"):
+            inputs += [(f"--{flag.replace('_', '-')}", f) for f in getattr(args, flag + "_files", None) or ()]
+        if args.load is not None and saved_config(find_checkpoint(args.load)) is None:
+            inputs.append(("--load", args.load))
+        check_apart(args.save, inputs, "--save")
+    if args.summary_dir is not None:
+        check_directory_output(args.summary_dir, "--summary-dir")
 
 
 @dataclass
@@ -184,6 +202,7 @@ def setup(args) -> Run:
     if args.zero_stage:
         notes.append(f" > ZeRO stage {args.zero_stage}: optimizer state is not sharded (same math, more memory)")
     name, args.save = experiment_save_dir(args)
+    check_outputs(args)
     set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path, lowercase=args.tokenizer_lowercase)
     config = model_config(args, padded_vocab_size(args, tokenizer))

@@ -31,6 +31,7 @@ from glm_port.finetune.arguments import parse_args
 from glm_port.finetune.datasets import DataError, Pair, read_pairs
 from glm_port.finetune.toy_task import write_toy_task
 from glm_port.models import FAMILIES, family_at
+from glm_port.outputs import check_apart, check_directory_output, check_file_output, follow_umask
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
 PROG = "glm-finetune"
@@ -244,6 +245,35 @@ def _check_inputs(args) -> None:
                             "(the vocab-parallel cross entropy has no smoothing)")
 
 
+def _check_outputs(args, toy: bool) -> None:
+    """What this run will write (by its flags) may neither be, contain nor lie inside what it reads
+    (``outputs.check_apart``), and must be writable: checked before anything is loaded or written."""
+    out = Path(args.output_dir)
+    model = args.model_name_or_path if args.model_name_or_path not in (None, *_embedded()) else None
+    inputs = [("--model_name_or_path", model), ("--lora_path", args.lora_path)]
+    if not toy:  # the embedded task is written by this run, in --output_dir/toy_task
+        inputs += [("--train_file", args.train_file), ("--eval_file", args.eval_file), ("--test_file", args.test_file)]
+    check_directory_output(out, "--output_dir")
+    directories, files = [out / "toy_task"] if toy else [], []
+    if args.do_train:
+        directories += [out / "final", out / "checkpoints", out / "cache", out / "base"]
+        directories += [out / "best"] if args.do_eval else []
+    if args.do_eval:
+        files += [out / "eval_results.json", out / "eval_predictions.jsonl"]
+    if args.do_predict:
+        files += [out / "test_predictions.jsonl"]
+    shown = f"--output_dir {out}: the output"
+    for path in directories + files:
+        check_apart(path, inputs, shown)
+        (check_directory_output if path in directories else check_file_output)(path, shown)
+    if args.merge_tensor_parallel_path:
+        merged = Path(args.merge_tensor_parallel_path)
+        check_apart(merged, inputs + [("--output_dir", out / name) for name in ("final", "checkpoints", "cache",
+                                                                                 "best", "base")],
+                    "--merge_tensor_parallel_path")
+        check_directory_output(merged, "--merge_tensor_parallel_path")
+
+
 def setup(args) -> Session:
     env = ParallelEnv.from_environment(args.tensor_parallel_degree, device=args.device)
     random.seed(args.seed)
@@ -344,6 +374,9 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
                 import copy
 
                 binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, None)
+            follow_umask(directory)  # safetensors writes its files 0600: the umask's modes, as every other file
+            if keep_base and env.tp_size == 1:
+                follow_umask(base_dir)
         return
     if env.tp_size > 1:
         save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
@@ -356,6 +389,7 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
     binding.save(merged, session.tokenizer, directory, session.source)
+    follow_umask(directory)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -363,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     toy = _default_run(args, argv)
     output_dir = Path(args.output_dir)
     try:
+        _check_outputs(args, toy)
         if toy:
             args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
             print(f"{PROG}: no model or data given: a small GLM learns the embedded task (reverse a phrase's words) "
