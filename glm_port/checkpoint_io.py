@@ -7,7 +7,8 @@ Layout (as upstream's ``save_checkpoint``)::
 
 Each file is a dict with ``'module'`` (the model's state dict, upstream's key names), ``'iteration'``,
 ``'optimizer'``, ``'lr_scheduler'`` and the RNG states under upstream's keys, plus ``'glm_config'``
-(the architecture, checked on load) and ``'grad_scaler'``. Upstream checkpoints and Hugging Face GLM
+(the architecture, checked on load), ``'grad_scaler'`` and DeepSpeed's ``'mp_world_size'`` (how many
+tensor-parallel ranks' files make the checkpoint, so a missing one is named). Upstream checkpoints and Hugging Face GLM
 weights load as well.
 
 A save goes to a hidden temporary directory that is renamed into place, and the tracker file is
@@ -92,7 +93,8 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
         staging.mkdir()
     dist.barrier()
     if writer:
-        sd = {"iteration": iteration, "module": model_state, "glm_config": config.to_dict()}
+        sd = {"iteration": iteration, "module": model_state, "glm_config": config.to_dict(),
+              "mp_world_size": tensor_parallel_size()}
         if optimizer is not None:
             sd["optimizer"] = optimizer.state_dict()
         if scheduler is not None:
@@ -190,12 +192,15 @@ def shard_directory(path) -> Path | None:
 
 def rank_files(directory: Path) -> list[Path]:
     """Every tensor-parallel rank's model file in ``directory``, in rank order; a one-line CheckpointError
-    when there is none or a rank's file is missing."""
+    when there is none or a rank's file is missing (a gap, or past the last one found when rank 0's file
+    records how many there are: ``'mp_world_size'``, ours and DeepSpeed's)."""
     directory = Path(directory)
     ranks = {int(m.group(1)): p for p in directory.iterdir() if (m := RANK_FILE.search(p.name))}
     if not ranks:
         raise CheckpointError(f"{directory}: no mp_rank_XX_model_states.pt files")
     size = max(ranks) + 1
+    if 0 in ranks:
+        size = max(size, saved_ranks(ranks[0]) or 0)
     missing = [r for r in range(size) if r not in ranks]
     if missing:
         raise CheckpointError(f"{directory}: {model_file_name(missing[0])} is missing "
@@ -203,16 +208,40 @@ def rank_files(directory: Path) -> list[Path]:
     return [ranks[r] for r in range(size)]
 
 
+def _header(path) -> dict | None:
+    """A checkpoint file's top-level dict, tensors memory-mapped (not read); None for files that cannot be
+    read this way (upstream's pickles of numpy state, legacy formats)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return checkpoint if isinstance(checkpoint, dict) else None
+
+
+def saved_ranks(path) -> int | None:
+    """How many tensor-parallel ranks' files the checkpoint ``path`` belongs to, where it records it."""
+    size = (_header(path) or {}).get("mp_world_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def saved_config(path) -> dict | None:
     """The architecture a checkpoint of ours carries (``'glm_config'``: a family's config as a dict, with its
     ``model_type`` where the family has one), read without loading its tensors; None for files that carry
     none (upstream's) or cannot be read this way."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # upstream's pickles (numpy state), legacy formats: not ours, no saved config
-        return None
-    config = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
+    config = (_header(path) or {}).get("glm_config")  # upstream's pickles, legacy formats: none
     return config if isinstance(config, dict) else None
+
+
+def open_safetensors(path, error=CheckpointError):
+    """``safetensors.safe_open(path)``; a file it cannot read (truncated by an interrupted copy or download,
+    not safetensors at all) is one ``error`` naming the file, not a SafetensorError naming none."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as failure:
+        reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        raise error(f"{path}: not a readable safetensors file ({reason}; an incomplete copy or download?)") from None
 
 
 def _is_intact(path: Path) -> bool:

@@ -138,9 +138,10 @@ def discard(work) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+def save_safetensors(tensors: dict, path, metadata: dict | None = None, shown=None) -> None:
     """``safetensors.torch.save_file``, with a failed write (a full disk, a quota) as one ``OutputError``
-    naming the file: safetensors reports it as ``SafetensorError("Error while serializing: I/O error: ...")``."""
+    naming the file (``shown``: the name to give it, e.g. where it was to be published, when ``path`` is in a
+    work directory): safetensors reports it as ``SafetensorError("Error while serializing: I/O error: ...")``."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -149,4 +150,4 @@ def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
     except (SafetensorError, OSError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         reason = reason.removeprefix("Error while serializing: ").removeprefix("I/O error: ")
-        raise OutputError(f"{path}: could not be written ({reason})") from None
+        raise OutputError(f"{shown or path}: could not be written ({reason})") from None

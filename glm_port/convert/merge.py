@@ -127,7 +127,7 @@ def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Pat
                            f"(--tokenizer-type / --tokenizer-path)")
     work = work_directory(out)
     try:
-        weights.save_hf(state, work, hf_config(config, dtype))
+        weights.save_hf(state, work, hf_config(config, dtype), shown_as=out)
         for file in files:
             shutil.copy2(file, work / file.name)
         if not (work / "tokenizer_config.json").is_file():

@@ -359,3 +359,80 @@ def test_merge_and_export_refuse_an_output_that_cannot_be_written_before_reading
                       capsys)
         assert message in err, err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ---- damaged and mismatched inputs, a full disk: one line naming what is wrong, nothing left behind -----
+
+
+def test_a_truncated_safetensors_file_is_named(tmp_path, glm, capsys):
+    source = tmp_path / "model"
+    weights.save_hf(glm.state_dict(), source, {"model_type": "glm", "num_layers": 2, "hidden_size": 64,
+                                               "num_attention_heads": 4, "vocab_size": CONFIG.vocab_size,
+                                               "max_sequence_length": 32})
+    GLMTokenizer(VOCAB).save_pretrained(source)
+    data = (source / "model.safetensors").read_bytes()
+    (source / "model.safetensors").write_bytes(data[:len(data) // 2])  # an interrupted copy
+    message = f"{source / 'model.safetensors'}: not a readable safetensors file"
+    assert message in exits_2(merge_cli.main, [str(source), str(tmp_path / "out")], capsys)
+    assert message in exits_2(generate_cli.main, ["--model", str(source), "hello"], capsys)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_missing_rank_is_named(tmp_path, glm, capsys):
+    """A TP-2 checkpoint without rank 1's file was blamed on 'the architecture in config.json'."""
+    old = write_shards(tmp_path / "old", glm.state_dict(), 2)  # files that record no rank count
+    (old / "3" / "mp_rank_01_model_states.pt").unlink()
+    err = exits_2(merge_cli.main, [str(old), str(tmp_path / "out")], capsys)
+    assert "mp_rank_01_model_states.pt is missing" in err and "2 model-parallel ranks" in err, err
+    # glm-pretrain / glm-finetune record the count (DeepSpeed's 'mp_world_size'): a missing last rank is named
+    # whatever the shapes say.
+    new = write_shards(tmp_path / "new", glm.state_dict(), 4)
+    for rank in range(4):
+        path = new / "3" / f"mp_rank_{rank:02d}_model_states.pt"
+        torch.save({**torch.load(path), "mp_world_size": 4}, path)
+    (new / "3" / "mp_rank_03_model_states.pt").unlink()
+    err = exits_2(merge_cli.main, [str(new), str(tmp_path / "out")], capsys)
+    assert "mp_rank_03_model_states.pt is missing (the checkpoint has 4 model-parallel ranks)" in err, err
+    assert err == exits_2(generate_cli.main, ["--model", str(new), "hello"], capsys).replace("glm-generate", "glm-merge")
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_save_checkpoint_records_the_rank_count(tmp_path, glm):
+    from glm_port.checkpoint_io import save_checkpoint, saved_ranks
+
+    path = save_checkpoint(tmp_path, 1, glm.state_dict(), config=CONFIG, save_rng=False)
+    assert saved_ranks(path / "mp_rank_00_model_states.pt") == 1
+
+
+def test_shards_of_two_models_are_named_not_a_torch_cat_error(tmp_path, glm, capsys):
+    a = write_shards(tmp_path / "a", glm.state_dict(), 2)
+    other = GLMModel(CONFIG.replace(hidden_size=32, num_attention_heads=2))
+    b = write_shards(tmp_path / "b", other.state_dict(), 2)
+    (b / "3" / "mp_rank_01_model_states.pt").replace(a / "3" / "mp_rank_01_model_states.pt")
+    err = exits_2(merge_cli.main, [str(a), str(tmp_path / "out")], capsys)
+    assert "the tensor-parallel shards in" in err and "do not fit together" in err, err
+    assert "[192, 64] in mp_rank_00_model_states.pt, [192, 32] in mp_rank_01_model_states.pt" in err, err
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def full_disk(tensors, filename, metadata=None):
+    """safetensors' writer on a full disk: part of the file written, then its SafetensorError."""
+    from safetensors import SafetensorError
+
+    with open(filename, "wb") as handle:
+        handle.write(b"\0" * 64)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, monkeypatch):
+    import safetensors.torch
+
+    shards = write_shards(tmp_path / "tp2", glm.state_dict(), 2)
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "merged" / "earlier.txt").write_text("an earlier output")
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    err = exits_2(merge_cli.main, [str(shards), str(tmp_path / "merged"), "--overwrite"], capsys)
+    message = f"{tmp_path / 'merged' / 'model.safetensors'}: could not be written (No space left on device (os error 28))"
+    assert message in err, err
+    assert leftovers(tmp_path) == []
+    assert [p.name for p in (tmp_path / "merged").iterdir()] == ["earlier.txt"]  # the old output stays

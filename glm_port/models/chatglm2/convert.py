@@ -225,7 +225,7 @@ def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_safetensors(shard, tmp / fname, metadata={"format": "pt"})
+            save_safetensors(shard, tmp / fname, metadata={"format": "pt"}, shown=dst / fname)
             weight_map.update({k: fname for k in shard})
             total += sum(t.numel() * t.element_size() for t in shard.values())
         if len(shards) > 1:

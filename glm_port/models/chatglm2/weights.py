@@ -77,6 +77,8 @@ def weight_map(directory) -> dict[str, str]:
             for shard in sorted(set(mapping.values())):
                 if not (directory / shard).is_file():
                     raise WeightsError(f"{directory / shard}: shard listed in {index_name} is missing")
+                if shard.endswith(".safetensors"):  # its header against its size: a truncated file named here
+                    _safe_open(directory / shard)
             return mapping
     for name in SINGLE_FILES:
         if (directory / name).is_file():
@@ -84,12 +86,15 @@ def weight_map(directory) -> dict[str, str]:
     raise WeightsError(f"{directory}: no weights ({', '.join(INDEX_FILES + SINGLE_FILES)})")
 
 
+def _safe_open(path: Path):
+    from glm_port.checkpoint_io import open_safetensors
+
+    return open_safetensors(path, WeightsError)
+
+
 def _file_keys(path: Path) -> list[str]:
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            return list(f.keys())
+        return list(_safe_open(path).keys())
     return list(torch.load(path, map_location="meta", weights_only=True, mmap=True))
 
 
@@ -115,9 +120,7 @@ class TensorSource:
         if handle is None:
             path = self.directory / name
             if path.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                handle = safe_open(str(path), framework="pt")
+                handle = _safe_open(path)
             else:
                 handle = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             self._open[name] = handle

@@ -71,9 +71,19 @@ def split_rule(name: str) -> SplitRule | None:
     return None
 
 
-def merge_slices(name: str, slices: list) -> "torch.Tensor":
-    """The whole tensor from its tensor-parallel slices (in rank order)."""
+def merge_slices(name: str, slices: list, files: list | None = None) -> "torch.Tensor":
+    """The whole tensor from its tensor-parallel slices (in rank order; ``files``: where each came from, for the
+    message). Slices that are not one tensor's (other shapes: shards of different models mixed) are a
+    one-line WeightsError."""
     rule = split_rule(name)
+    shapes = [list(s.shape) for s in slices]
+    keep = [d for d in range(len(shapes[0])) if rule is None or d != rule.dim]
+    if any(len(s) != len(shapes[0]) or [s[d] for d in keep] != [shapes[0][d] for d in keep] for s in shapes):
+        where = [Path(f).name for f in files] if files else [f"rank {r}" for r in range(len(slices))]
+        shown = ", ".join(f"{shape} in {place}" for shape, place in zip(shapes, where))
+        inside = f" in {Path(files[0]).parent}" if files else ""
+        raise WeightsError(f"{name}: the tensor-parallel shards{inside} do not fit together ({shown}): files of "
+                           f"different models or runs mixed?")
     if rule is None or len(slices) == 1:
         return slices[0]
     if rule.thirds:
@@ -181,7 +191,33 @@ def _megatron_source(directory: Path, root: Path) -> WeightSource:
         if candidate.is_file():
             source.config = _read_json(candidate)
             break
+    _check_rank_count(source, directory)
     return source
+
+
+def _check_rank_count(source: WeightSource, directory: Path) -> None:
+    """Files that record no rank count (upstream's, older ones of ours): the word embeddings are split by rows
+    over the ranks, so the rows rank 0 holds against the vocabulary the saved config names give the count."""
+    from glm_port.checkpoint_io import model_file_name
+
+    try:
+        checkpoint = torch.load(source.files[0], map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # upstream's pickles of numpy state: nothing to compare with (no config either)
+        return
+    if not isinstance(checkpoint, dict) or "mp_world_size" in checkpoint:
+        return
+    config = source.config or checkpoint.get("glm_config") or {}
+    module = checkpoint.get("module", checkpoint)
+    embeddings = module.get("word_embeddings.weight", module.get(HF_PREFIX + "word_embeddings.weight")) \
+        if isinstance(module, dict) else None
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    if not isinstance(embeddings, torch.Tensor) or not isinstance(vocab, int) or embeddings.dim() != 2:
+        return
+    rows, found = embeddings.size(0), len(source.files)
+    if rows and vocab % rows == 0 and vocab // rows > found:
+        raise WeightsError(f"{directory}: {model_file_name(found)} is missing ({source.files[0].name} holds {rows} "
+                           f"of the model's {vocab} word-embedding rows: the checkpoint has {vocab // rows} "
+                           f"model-parallel ranks, {found} found)")
 
 
 # ---- reading tensors -------------------------------------------------------------------------------
@@ -216,9 +252,9 @@ class _Reader:
     def __init__(self, path: Path):
         self.path = path
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
+            from glm_port.checkpoint_io import open_safetensors  # a truncated file: one line naming it
 
-            self._handle = safe_open(str(path), framework="pt", device="cpu")
+            self._handle = open_safetensors(path, WeightsError)
             self._names = {_strip(k): k for k in self._handle.keys()}
             self._tensors = None
         else:
@@ -267,18 +303,32 @@ def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0,
             yield name, reader.get(name)
     elif s % t == 0:  # merge s/t consecutive source ranks into this rank's slice
         group = s // t
-        readers = [_Reader(source.files[tp_rank * group + i]) for i in range(group)]
+        readers = _same_names([_Reader(source.files[tp_rank * group + i]) for i in range(group)])
         for name in names(readers[0]):
-            yield name, merge_slices(name, [r.get(name) for r in readers])
+            yield name, merge_slices(name, [r.get(name) for r in readers], [r.path for r in readers])
     elif t % s == 0:  # split one source rank's slice further
         group = t // s
         reader = _Reader(source.files[tp_rank // group])
         for name in names(reader):
             yield name, take_slice(name, reader.get(name), group, tp_rank % group)
     else:  # neither divides: merge everything, then take this rank's slice
-        readers = [_Reader(f) for f in source.files]
+        readers = _same_names([_Reader(f) for f in source.files])
         for name in names(readers[0]):
-            yield name, take_slice(name, merge_slices(name, [r.get(name) for r in readers]), t, tp_rank)
+            yield name, take_slice(name, merge_slices(name, [r.get(name) for r in readers], [r.path for r in readers]),
+                                   t, tp_rank)
+
+
+def _same_names(readers: list) -> list:
+    """Tensor-parallel shards hold the same weights; a file that holds others is another model's."""
+    first = set(readers[0].keys())
+    for reader in readers[1:]:
+        other = set(reader.keys())
+        if other != first:
+            name, place = (sorted(first - other)[0], reader.path) if first - other else \
+                (sorted(other - first)[0], readers[0].path)
+            raise WeightsError(f"{place} lacks {name}, which {readers[0].path if place == reader.path else reader.path} "
+                               f"holds: shards of different models mixed?")
+    return readers
 
 
 def stage_weights(stage) -> Callable[[str], bool]:
@@ -485,10 +535,12 @@ def _dtype(dtype):
 
 # ---- writing (tests, benches, conversion) ----------------------------------------------------------
 def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, prefix: str = HF_PREFIX,
-            safetensors: bool = True) -> Path:
+            safetensors: bool = True, shown_as=None) -> Path:
     """A Hugging Face GLM directory: ``config.json`` and the weights, sharded with an index when
-    ``shards > 1``. Written to a temporary name and renamed, so a failure leaves nothing half-written."""
+    ``shards > 1``. Written to a temporary name and renamed, so a failure leaves nothing half-written
+    (and names the file in ``shown_as``, the directory ``directory`` will become, when given)."""
     directory = Path(directory)
+    shown = Path(shown_as or directory)
     tmp = directory.with_name(f".{directory.name}.tmp")
     if tmp.exists():
         import shutil
@@ -502,12 +554,12 @@ def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, pref
     ext = "safetensors" if safetensors else "bin"
     base = "model" if safetensors else "pytorch_model"
     if shards == 1:
-        _write_weights({k: state[k] for k in names}, tmp / f"{base}.{ext}", safetensors)
+        _write_weights({k: state[k] for k in names}, tmp / f"{base}.{ext}", safetensors, shown / f"{base}.{ext}")
     else:
         weight_map = {}
         for i, group in enumerate(groups):
             file = f"{base}-{i + 1:05d}-of-{shards:05d}.{ext}"
-            _write_weights({k: state[k] for k in group}, tmp / file, safetensors)
+            _write_weights({k: state[k] for k in group}, tmp / file, safetensors, shown / file)
             weight_map.update({k: file for k in group})
         index = {"metadata": {}, "weight_map": weight_map}
         (tmp / f"{base}.{ext}.index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -519,10 +571,10 @@ def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, pref
     return directory
 
 
-def _write_weights(tensors: dict, path: Path, safetensors: bool) -> None:
+def _write_weights(tensors: dict, path: Path, safetensors: bool, shown: Path) -> None:
     if safetensors:
         from glm_port.outputs import save_safetensors  # a failed write (a full disk): one line naming the file
 
-        save_safetensors({k: v.detach().cpu() for k, v in tensors.items()}, path)
+        save_safetensors({k: v.detach().cpu() for k, v in tensors.items()}, path, shown=shown)
     else:
         torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)

@@ -99,3 +99,57 @@ def test_convert_never_writes_over_its_source(tmp_path, make_model, write_thudm,
         assert len(err.splitlines()) == 1 and message in err, err
         assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
     assert not [p for p in tmp_path.rglob(".*")]
+
+
+def test_a_truncated_safetensors_file_is_named_by_every_command(tmp_path, capsys):
+    """glm-generate, glm-chat and glm-convert ended in a SafetensorError traceback naming no file."""
+    from glm_port.chat import main as chat_main
+    from glm_port.generation.cli import main as generate_main
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2])
+    capsys.readouterr()
+    for run in (lambda: convert_main(["--to", "transformers", str(tmp_path / "model"), str(tmp_path / "hf")]),
+                lambda: generate_main(["--model", str(tmp_path / "model"), "hello"]),
+                lambda: chat_main(["--model", str(tmp_path / "model")])):
+        try:
+            code = run()
+        except SystemExit as stop:
+            code = stop.code
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{weights}: not a readable safetensors file" in err, err
+    assert not (tmp_path / "hf").exists() and not [p for p in tmp_path.rglob(".*")]
+
+
+def test_a_full_disk_during_a_chatglm2_merge_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+
+    from glm_port.convert.merge import main as merge_main
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "src")
+    capsys.readouterr()
+
+    def full_disk(tensors, filename, metadata=None):
+        from safetensors import SafetensorError
+
+        with open(filename, "wb") as handle:
+            handle.write(b"\0" * 64)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(SystemExit) as stop:
+        merge_main([str(tmp_path / "src"), str(tmp_path / "merged")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'merged' / 'model.safetensors'}: could not be written (No space left on device" in err, err
+    assert not (tmp_path / "merged").exists() and not [p for p in tmp_path.rglob(".*")]
