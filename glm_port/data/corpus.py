@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from glm_port.data.tokenization import DEFAULT_CORPUS, GLMTokenizer
+from glm_port.outputs import follow_umask
 
 JSON_SUFFIXES = (".json", ".jsonl")
 _ENCODE_CHUNK = 512  # documents per encode_batch call: large enough for tokenizers' threads, small for tqdm
@@ -183,6 +184,7 @@ def _write_cache(file: Path, corpus: TokenizedCorpus, stat: os.stat_result, path
         with os.fdopen(fd, "wb") as f:
             np.savez(f, ids=corpus.ids, offsets=corpus.offsets, stat=np.array([stat.st_size, stat.st_mtime_ns]),
                      sha256=np.array(_file_sha256(path)))
+        follow_umask(tmp)  # mkstemp makes it 0600; the umask's mode, as the corpus beside it
         os.replace(tmp, file)
         return True
     except OSError:

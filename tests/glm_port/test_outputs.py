@@ -5,6 +5,7 @@ cases: tests/glm_port/test_convert.py; glm-convert's: tests/glm_port/chatglm2/te
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,3 +205,35 @@ def test_written_model_files_follow_the_umask(tmp_path, run_tree, capsys):
     for written in ("merged", "hf", "ft/final", "lora/final", "lora/base"):
         assert modes(tmp_path / written) == {0o640}, (written, sorted(map(oct, modes(tmp_path / written))))
         assert stat.S_IMODE((tmp_path / written).stat().st_mode) == 0o750, written
+
+
+def test_the_corpus_cache_follows_the_umask(tmp_path, monkeypatch):
+    from glm_port.data import get_tokenizer
+    from glm_port.data.corpus import tokenize_file
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "ada is the baker."}\n')
+    old = os.umask(0o027)
+    try:
+        tokenize_file(corpus, get_tokenizer(), progress=False)
+    finally:
+        os.umask(old)
+    (cache,) = tmp_path.glob("c.jsonl.*.glmcache.npz")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o640  # mkstemp made it 0600
+
+
+def test_an_unwritable_place_is_refused_before_any_work(tmp_path, monkeypatch):
+    """(Run as root, nothing is unwritable: the permission check is made to answer no.)"""
+    from glm_port.outputs import check_directory_output, check_file_output
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+    with pytest.raises(OutputError, match=r"cannot write in .*locked \(permission denied\)"):
+        check_directory_output(locked / "out" / "deeper", "OUT")
+    with pytest.raises(OutputError, match=r"--save .*locked: cannot write in it \(permission denied\)"):
+        check_directory_output(locked, "--save")
+    with pytest.raises(OutputError, match=r"cannot write in .*locked"):
+        check_file_output(locked / "results.json")
