@@ -412,6 +412,10 @@ def test_shards_of_two_models_are_named_not_a_torch_cat_error(tmp_path, glm, cap
     err = exits_2(merge_cli.main, [str(a), str(tmp_path / "out")], capsys)
     assert "the tensor-parallel shards in" in err and "do not fit together" in err, err
     assert "[192, 64] in mp_rank_00_model_states.pt, [192, 32] in mp_rank_01_model_states.pt" in err, err
+    shallow = write_shards(tmp_path / "c", GLMModel(CONFIG.replace(num_layers=1)).state_dict(), 2)  # fewer weights
+    (shallow / "3" / "mp_rank_01_model_states.pt").replace(a / "3" / "mp_rank_01_model_states.pt")
+    err = exits_2(merge_cli.main, [str(a), str(tmp_path / "out")], capsys)
+    assert "mp_rank_01_model_states.pt lacks transformer.layers.1." in err and "different models mixed" in err, err
     assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
 
 
