@@ -183,8 +183,9 @@ def modes(directory) -> set[int]:
 
 
 def test_written_model_files_follow_the_umask(tmp_path, run_tree, capsys):
-    """safetensors writes its files 0600: the model files glm-merge, glm-convert and glm-finetune write had
-    that mode while the config beside them had the umask's."""
+    """safetensors writes its files 0600: the model files glm-merge, glm-export, glm-convert and glm-finetune
+    write had that mode while the config beside them had the umask's."""
+    from glm_port.convert.export import main as export_main
     from glm_port.convert.merge import main as merge_main
     from glm_port.convert.native import main as convert_main
     from glm_port.models.chatglm2.tiny import build_tiny
@@ -195,6 +196,7 @@ def test_written_model_files_follow_the_umask(tmp_path, run_tree, capsys):
     old = os.umask(0o027)
     try:
         merge_main([str(run_tree / "final"), str(tmp_path / "merged")])
+        export_main(["--model_name_or_path", str(run_tree / "final"), "--output_path", str(tmp_path / "served")])
         assert convert_main(["--to", "transformers", str(tmp_path / "chatglm2"), str(tmp_path / "hf")]) == 0
         finetune_main([*FINETUNE, "--do_train", "--train_file", str(run_tree / "data" / "train.json"),
                        "--output_dir", str(tmp_path / "ft")])
@@ -202,7 +204,7 @@ def test_written_model_files_follow_the_umask(tmp_path, run_tree, capsys):
                        "--output_dir", str(tmp_path / "lora")])
     finally:
         os.umask(old)
-    for written in ("merged", "hf", "ft/final", "lora/final", "lora/base"):
+    for written in ("merged", "served", "hf", "ft/final", "lora/final", "lora/base"):
         assert modes(tmp_path / written) == {0o640}, (written, sorted(map(oct, modes(tmp_path / written))))
         assert stat.S_IMODE((tmp_path / written).stat().st_mode) == 0o750, written
 
