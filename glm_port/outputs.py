@@ -38,18 +38,20 @@ def _real(path) -> Path:
 def check_apart(out, inputs: Iterable[tuple[str, object]], out_flag: str = "OUT") -> None:
     """Refuse ``out`` when it is one of ``inputs`` (``(flag, path)`` pairs; a None path is skipped), contains
     one, or lies inside one. Paths are compared with symbolic links resolved; the paths need not exist."""
-    real_out = _real(out)
+    given = Path(out).expanduser().absolute()
+    # The link itself is what a publish replaces: OUT a symbolic link inside an input is inside it too.
+    places = {_real(out), given.parent.resolve() / given.name}
     for flag, source in inputs:
         if source is None:
             continue
         real_in = _real(source)
-        if real_out == real_in:
+        if real_in in places:
             raise OutputError(f"{out_flag} {out} is the input {flag} {source}: the output cannot be the input "
                               f"(choose another path)")
-        if real_out in real_in.parents:
+        if any(place in real_in.parents for place in places):
             raise OutputError(f"{out_flag} {out} contains the input {flag} {source}: writing it would delete "
                               f"the input (choose a path outside it)")
-        if real_in in real_out.parents:
+        if any(real_in in place.parents for place in places):
             raise OutputError(f"{out_flag} {out} is inside the input {flag} {source}: choose a path outside it")
 
 

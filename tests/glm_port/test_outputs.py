@@ -49,7 +49,9 @@ def test_check_apart_is_the_rule_with_links_resolved(tmp_path):
         (tmp_path / "run" / "final" / "out", tmp_path / "run" / "final", "is inside the input"),
         (tmp_path / "up" / "final", tmp_path / "run" / "final", "the output cannot be the input"),
         (tmp_path / "run" / "file.txt", tmp_path / "run" / "file.txt", "the output cannot be the input"),
+        (tmp_path / "run" / "away", tmp_path / "run", "is inside the input"),  # a link in SRC to elsewhere
     ]
+    (tmp_path / "run" / "away").symlink_to(tmp_path / "other")
     for out, source, message in cases:
         with pytest.raises(OutputError, match=message):
             check_apart(out, [("SRC", source)])
