@@ -66,6 +66,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._decode import compile_kwargs, copy_rate, sync, weight_bytes_per_step
+
 ROOT = Path(__file__).resolve().parents[1]
 CPP_VARIANTS = {"chatglm_cpp_f32": "f32", "chatglm_cpp_f16": "f16"}
 VARIANTS = ("glm_port", "packed", "compiled", "transformers", "thudm", *CPP_VARIANTS)
@@ -93,13 +95,16 @@ def _config(args):
 
 
 def seeded(args):
-    """glm_port's ChatGLM2 with the bench's random weights (seed 0), float32: every variant starts here."""
+    """glm_port's ChatGLM2 with the bench's random weights (seed 0), float32: every variant starts here.
+    On a GPU they are drawn there (a 28-layer 6B model drawn on the CPU takes minutes per worker), so its
+    numbers differ from the CPU's, the same for every variant of a run."""
     import torch
 
     from glm_port.models.chatglm2 import ChatGLM2ForCausalLM
 
     torch.manual_seed(0)
-    return ChatGLM2ForCausalLM(_config(args))
+    with torch.device(args.device if args.device.startswith("cuda") else "cpu"):
+        return ChatGLM2ForCausalLM(_config(args))
 
 
 def write_thudm_directory(args, directory) -> None:
@@ -185,43 +190,6 @@ def build(variant: str, args):
     return model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
 
 
-def compile_kwargs(device: str) -> dict:
-    """``generate`` keywords of the ``compiled`` variant: a static cache, the decode step compiled (CUDA graphs
-    on a GPU)."""
-    from transformers import CompileConfig
-
-    config = CompileConfig(fullgraph=True, dynamic=False,
-                           mode="reduce-overhead" if device.startswith("cuda") else "default")
-    config._compile_all_devices = True  # transformers compiles on accelerators only unless told (CPU runs too)
-    return {"cache_implementation": "static", "compile_config": config}
-
-
-def weight_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every parameter but the input embedding table (a step reads one
-    row of it per sequence)."""
-    embedding = model.get_input_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
-
-
-def copy_rate(device: str, size: int = 2**30) -> float:
-    """The device's copy rate in bytes/s (read + write): the median of 5 copies of ``size`` bytes."""
-    import statistics
-
-    import torch
-
-    source = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
-    target = torch.empty_like(source)
-    times = []
-    for _ in range(6):
-        _sync(device)
-        start = time.perf_counter()
-        target.copy_(source)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    del source, target
-    return 2 * size / statistics.median(times[1:])
-
-
 def greedy(variant, model, prompt, new_tokens, clock=None):
     """Greedy tokens ``[batch, new_tokens]``; ``clock["first"]`` gets the time the first token was chosen, so
     the decode rate comes from the same run (a separate time-to-first-token run can differ from this
@@ -278,13 +246,6 @@ def _decode_rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else float("nan")
 
 
-def _sync(device):
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def worker(variant: str, batch: int, args) -> dict:
     import torch
 
@@ -299,17 +260,17 @@ def worker(variant: str, batch: int, args) -> dict:
     greedy(variant, model, prompt[:, :16], 2)  # warm up code paths
     compile_s = float("nan")
     if variant == "compiled":  # compiles the decode step for this batch and cache length (not timed below)
-        _sync(args.device)
+        sync(args.device)
         start = time.perf_counter()
         greedy(variant, model, prompt, args.new_tokens)
-        _sync(args.device)
+        sync(args.device)
         compile_s = time.perf_counter() - start
     ttfts = []
     for _ in range(args.repeats):
-        _sync(args.device)
+        sync(args.device)
         start = time.perf_counter()
         greedy(variant, model, prompt, 1)
-        _sync(args.device)
+        sync(args.device)
         ttfts.append(time.perf_counter() - start)
     ttft = sorted(ttfts)[len(ttfts) // 2]
     if args.device.startswith("cuda"):
@@ -317,10 +278,10 @@ def worker(variant: str, batch: int, args) -> dict:
         baseline = torch.cuda.memory_allocated()
     else:
         baseline = _reset_peak_rss()
-    _sync(args.device)
+    sync(args.device)
     clock = {}
     tokens = greedy(variant, model, prompt, args.new_tokens, clock)
-    _sync(args.device)
+    sync(args.device)
     decode = time.perf_counter() - clock["first"]
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - baseline
@@ -408,11 +369,11 @@ def lora_worker(variant: str, batch: int, args) -> dict:
         return loss.item()
 
     first_loss = step()
-    _sync(args.device)
+    sync(args.device)
     start = time.perf_counter()
     for _ in range(args.lora_steps):
         step()
-    _sync(args.device)
+    sync(args.device)
     elapsed = time.perf_counter() - start
     return {"variant": variant, "batch": batch, "samples_s": batch * args.lora_steps / elapsed, "loss": first_loss}
 
