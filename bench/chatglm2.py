@@ -11,6 +11,10 @@ greedy with no stop token, so every run produces exactly --new-tokens tokens.
   peak MiB       extra peak memory of the full generation over the loaded model: on CPU the RSS high-water
                  mark (reset before the run, Linux's clear_refs) minus the RSS then; on a GPU
                  ``torch.cuda.max_memory_allocated`` minus what was allocated before
+  bound %        decode steps/s x the bytes of weights a step reads (every matrix; of the embedding table
+                 only the rows it looks up) over the device's copy rate measured in the same process
+                 (``copy_rate``: a 1 GiB device-to-device copy, read + write bytes per second), so 100% is a
+                 step that does nothing but stream its weights once at the rate a plain copy reaches
   same tokens    positions of row 0 where the variant's greedy tokens equal glm_port's
   min-max        with --rounds N > 1: every (variant, batch) runs N times, round after round (so a slow spell
                  of a shared machine falls on every variant); the columns are medians, this is the decode range
@@ -19,6 +23,10 @@ greedy with no stop token, so every run produces exactly --new-tokens tokens.
 Variants: ``glm_port`` (the model as ``from_pretrained`` returns it), ``packed`` (the same after
 ``shim.nn.pack_linears`` for the run's batch, as ``glm-chat`` and ``glm-generate`` run on CPU) and
 ``transformers`` use ``generate`` (transformers' DynamicCache, SDPA);
+``compiled`` is glm_port's model decoding as gpt-fast does: a static cache (``cache_implementation="static"``)
+and the decode step compiled by ``torch.compile`` through transformers' ``compile_config`` (``mode=
+"reduce-overhead"``, i.e. CUDA graphs, on a GPU; inductor's default on the CPU); its first full generation
+compiles and is not timed (``compile s``); on by default on a GPU, asked for by name on the CPU.
 ``thudm`` (only with CHATGLM2_CODE=/dir holding THUDM's modeling_chatglm.py and configuration_chatglm.py)
 runs its own forward in a greedy loop with its tuple cache, because its ``generate`` hooks predate
 transformers 5.
@@ -58,9 +66,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._decode import compile_kwargs, copy_rate, sync, weight_bytes_per_step
+
 ROOT = Path(__file__).resolve().parents[1]
 CPP_VARIANTS = {"chatglm_cpp_f32": "f32", "chatglm_cpp_f16": "f16"}
-VARIANTS = ("glm_port", "packed", "transformers", "thudm", *CPP_VARIANTS)
+VARIANTS = ("glm_port", "packed", "compiled", "transformers", "thudm", *CPP_VARIANTS)
 # What chatglm-cpp's converter loads from a THUDM directory besides the weights and config.json.
 THUDM_FILES = ("modeling_chatglm.py", "configuration_chatglm.py", "tokenization_chatglm.py", "tokenizer.model")
 THUDM_AUTO_MAP = {
@@ -85,13 +95,16 @@ def _config(args):
 
 
 def seeded(args):
-    """glm_port's ChatGLM2 with the bench's random weights (seed 0), float32: every variant starts here."""
+    """glm_port's ChatGLM2 with the bench's random weights (seed 0), float32: every variant starts here.
+    On a GPU they are drawn there (a 28-layer 6B model drawn on the CPU takes minutes per worker), so its
+    numbers differ from the CPU's, the same for every variant of a run."""
     import torch
 
     from glm_port.models.chatglm2 import ChatGLM2ForCausalLM
 
     torch.manual_seed(0)
-    return ChatGLM2ForCausalLM(_config(args))
+    with torch.device(args.device if args.device.startswith("cuda") else "cpu"):
+        return ChatGLM2ForCausalLM(_config(args))
 
 
 def write_thudm_directory(args, directory) -> None:
@@ -134,7 +147,7 @@ def build(variant: str, args):
 
     config = _config(args)
     ours = seeded(args)
-    if variant in ("glm_port", "packed"):
+    if variant in ("glm_port", "packed", "compiled"):
         model = ours
     elif variant == "transformers":
         from transformers import GlmForCausalLM
@@ -193,10 +206,11 @@ def greedy(variant, model, prompt, new_tokens, clock=None):
         if variant != "thudm":
             from transformers import StoppingCriteriaList
 
+            extra = compile_kwargs(str(prompt.device)) if variant == "compiled" else {}
             return model.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
-                stopping_criteria=StoppingCriteriaList([first_token]),
+                stopping_criteria=StoppingCriteriaList([first_token]), **extra,
             )[:, prompt.shape[1]:]
         batch, length = prompt.shape
         positions = torch.arange(length, device=prompt.device).expand(batch, length)
@@ -232,13 +246,6 @@ def _decode_rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else float("nan")
 
 
-def _sync(device):
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def worker(variant: str, batch: int, args) -> dict:
     import torch
 
@@ -251,12 +258,19 @@ def worker(variant: str, batch: int, args) -> dict:
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, args.vocab, (batch, args.prompt), generator=generator).to(args.device)
     greedy(variant, model, prompt[:, :16], 2)  # warm up code paths
+    compile_s = float("nan")
+    if variant == "compiled":  # compiles the decode step for this batch and cache length (not timed below)
+        sync(args.device)
+        start = time.perf_counter()
+        greedy(variant, model, prompt, args.new_tokens)
+        sync(args.device)
+        compile_s = time.perf_counter() - start
     ttfts = []
     for _ in range(args.repeats):
-        _sync(args.device)
+        sync(args.device)
         start = time.perf_counter()
         greedy(variant, model, prompt, 1)
-        _sync(args.device)
+        sync(args.device)
         ttfts.append(time.perf_counter() - start)
     ttft = sorted(ttfts)[len(ttfts) // 2]
     if args.device.startswith("cuda"):
@@ -264,19 +278,20 @@ def worker(variant: str, batch: int, args) -> dict:
         baseline = torch.cuda.memory_allocated()
     else:
         baseline = _reset_peak_rss()
-    _sync(args.device)
+    sync(args.device)
     clock = {}
     tokens = greedy(variant, model, prompt, args.new_tokens, clock)
-    _sync(args.device)
+    sync(args.device)
     decode = time.perf_counter() - clock["first"]
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - baseline
     else:
         peak = _peak_rss() - baseline
+    rate = _decode_rate(batch * (args.new_tokens - 1), decode)
+    bound = weight_bytes_per_step(model) * (rate / batch) / copy_rate(args.device)
     return {
-        "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": _decode_rate(batch * (args.new_tokens - 1), decode),
-        "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(),
+        "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft, "decode_tok_s": rate,
+        "peak_mib": peak / 2**20, "tokens": tokens[0].tolist(), "bound": bound, "compile_s": compile_s,
     }
 
 
@@ -354,11 +369,11 @@ def lora_worker(variant: str, batch: int, args) -> dict:
         return loss.item()
 
     first_loss = step()
-    _sync(args.device)
+    sync(args.device)
     start = time.perf_counter()
     for _ in range(args.lora_steps):
         step()
-    _sync(args.device)
+    sync(args.device)
     elapsed = time.perf_counter() - start
     return {"variant": variant, "batch": batch, "samples_s": batch * args.lora_steps / elapsed, "loss": first_loss}
 
@@ -372,8 +387,9 @@ def build_parser():
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
-                        help="default: glm_port, packed and transformers, plus thudm when CHATGLM2_CODE is set, plus "
-                             "chatglm_cpp_f32/f16 on the CPU when CHATGLM_CPP_PYTHON is set too")
+                        help="default: glm_port, packed and transformers (and compiled off the CPU), plus thudm when "
+                             "CHATGLM2_CODE is set, plus chatglm_cpp_f32/f16 on the CPU when CHATGLM_CPP_PYTHON is "
+                             "set too")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -412,7 +428,8 @@ def _variants(args) -> list[str] | None:
     elif args.device != "cpu":
         cpp_missing = f"runs on the CPU only (--device {args.device})"
     if args.variants is None:
-        variants = [v for v in VARIANTS if (v != "thudm" or code) and (v not in CPP_VARIANTS or not cpp_missing)]
+        variants = [v for v in VARIANTS if (v != "thudm" or code) and (v not in CPP_VARIANTS or not cpp_missing)
+                    and (v != "compiled" or args.device != "cpu")]
         if cpp_missing:
             print(f"bench.chatglm2: skipping {', '.join(CPP_VARIANTS)}: chatglm-cpp {cpp_missing}")
         return variants
@@ -451,6 +468,8 @@ def summarize(samples: dict) -> list[dict]:
             "ttft_ms": statistics.median(r["ttft_ms"] for r in results),
             "decode_tok_s": statistics.median(rates), "decode_min": min(rates), "decode_max": max(rates),
             "peak_mib": statistics.median(r["peak_mib"] for r in results),
+            "bound": statistics.median(r.get("bound", float("nan")) for r in results),
+            "compile_s": statistics.median(r.get("compile_s", float("nan")) for r in results),
             "stable_tokens": all(r["tokens"] == results[0]["tokens"] for r in results),
         })
     return rows
@@ -463,12 +482,16 @@ def print_decode_table(rows: list[dict], rounds: int = 1) -> None:
 
     spread = rounds > 1
     print(f"{'variant':<15} {'batch':>5} {'ttft ms':>9} {'decode tok/s':>13} " + (f"{'min-max':>11} " if spread else "")
+          + f"{'bound %':>8} {'compile s':>10} "
           + f"{'peak MiB':>9} {'same tokens':>12} {'vs glm_port':>12} {'vs transformers':>16} {'vs thudm':>9}")
     for row in rows:
         if row.get("na"):
             print(f"{row['variant']:<15} {row['batch']:>5} {'n/a':>9} {'n/a':>13} " + (f"{'n/a':>11} " if spread else "")
-                  + f"{'n/a':>9} {'n/a':>12} {'n/a':>12} {'n/a':>16} {'n/a':>9}")
+                  + f"{'n/a':>8} {'n/a':>10} {'n/a':>9} {'n/a':>12} {'n/a':>12} {'n/a':>16} {'n/a':>9}")
             continue
+        bound, compile_s = row.get("bound", float("nan")), row.get("compile_s", float("nan"))
+        extra = (f"{100 * bound:>8.1f} " if bound == bound else f"{'n/a':>8} ") + (
+            f"{compile_s:>10.1f} " if compile_s == compile_s else f"{'-':>10} ")
         ref = rate_of("glm_port", row["batch"]) or row
         same = f"{sum(a == b for a, b in zip(row['tokens'], ref['tokens']))}/{len(ref['tokens'])}"
         if not row["stable_tokens"]:
@@ -477,7 +500,7 @@ def print_decode_table(rows: list[dict], rounds: int = 1) -> None:
                   for other in (ref, rate_of("transformers", row["batch"]), rate_of("thudm", row["batch"]))]
         span = f"{row['decode_min']:.1f}-{row['decode_max']:.1f}"
         print(f"{row['variant']:<15} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s']:>13.1f} "
-              + (f"{span:>11} " if spread else "")
+              + (f"{span:>11} " if spread else "") + extra
               + f"{row['peak_mib']:>9.1f} {same:>12} {ratios[0]:>12} {ratios[1]:>16} {ratios[2]:>9}")
     if any(not r.get("na") and not r["stable_tokens"] for r in rows):
         print("* the rounds of this row did not all give the same tokens (the column counts the first round's)")

@@ -13,6 +13,8 @@ batch 1 by default, exactly --new-tokens tokens (no end token), through ``model.
   weights in oneDNN's layout where that measures faster), as glm-generate runs on CPU;
 - ``static`` (``--variants cached,static,recompute``): a preallocated cache (transformers' StaticCache), no
   growing copy of the keys and values at each step;
+- ``compiled`` (``--variants cached,compiled``): ``static`` with the decode step compiled by ``torch.compile``
+  (``bench/_decode.py``: CUDA graphs on a GPU), as gpt-fast decodes; its warm-up run compiles;
 - ``thudm`` (``--thudm``): THUDM's published modeling_glm.py on the same weights, in the Python named by
   GLM_REF_PYTHON (transformers 4.27); its cache never reaches it under transformers >= 4.26, so it recomputes.
 
@@ -20,7 +22,8 @@ Columns: time to first token (the prompt's forward), decode ms per token after i
 extra peak RSS of the generation. ``bound`` is the memory-bandwidth limit at batch 1: every weight is read
 once per token, so tokens/s <= bandwidth / weight bytes, with the bandwidth measured here as an fp32
 matrix-vector product over a matrix far larger than the caches (the faster of ``torch.mv`` and oneDNN's
-packed product: here torch.mv streams about 20 GB/s, the packed product about 44). ``--load`` also writes the weights as a
+packed product: here torch.mv streams about 20 GB/s, the packed product about 44); on a GPU (``--device cuda``)
+it is the device's copy rate (read + write bytes, ``bench/_decode.py``). ``--load`` also writes the weights as a
 sharded safetensors checkpoint and reports the peak RSS of ``from_pretrained`` against the weights' size.
 """
 
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 
+from bench._decode import compile_kwargs, copy_rate, sync
 from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker
 
 SCRIPT = __spec__.name if __spec__ is not None else "bench.generate"  # workers: python -m bench.generate
@@ -49,6 +53,7 @@ def parse(argv=None):
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--variants", default="cached,recompute")
     parser.add_argument("--thudm", action="store_true", help="add THUDM's remote-code model (GLM_HF_CODE, GLM_REF_PYTHON)")
@@ -89,13 +94,17 @@ def worker(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker == "bandwidth":
+        if args.device.startswith("cuda"):
+            rate = copy_rate(args.device) / 1e9
+            return {"mv_gb_per_s": float("nan"), "copy_gb_per_s": rate, "gb_per_s": rate}
         return matvec_bandwidth()
     if args.worker == "load":
         return measure_load(args)
     from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
 
     torch.manual_seed(0)
-    model = GLMForConditionalGeneration(GLMPretrainedConfig(**config_dict(args))).eval()
+    with torch.device(args.device):  # drawn where it runs (a 10B model drawn on the CPU takes minutes)
+        model = GLMForConditionalGeneration(GLMPretrainedConfig(**config_dict(args))).eval()
     if args.dtype == "bf16":
         model.to(torch.bfloat16)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -103,35 +112,48 @@ def worker(args) -> dict:
         from shim.nn import pack_linears
 
         pack_linears(model, batch_size=args.batch)
-    ids, positions, mask = glm_inputs(args.prompt, args.new_tokens, args.vocab, args.batch)
+    ids, positions, mask = (t.to(args.device) for t in glm_inputs(args.prompt, args.new_tokens, args.vocab,
+                                                                   args.batch))
     clock = {}
+    extra = compile_kwargs(args.device) if args.worker == "compiled" else {}
+    if args.worker == "static":
+        extra = {"cache_implementation": "static"}
 
     def first_token(input_ids, scores, **kwargs):
         clock.setdefault("first", time.perf_counter())
-        return torch.zeros(input_ids.size(0), dtype=torch.bool)
+        return torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
 
     from transformers import StoppingCriteriaList
 
     def run():
         clock.clear()
+        sync(args.device)
         start = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(input_ids=ids, position_ids=positions, generation_attention_mask=mask,
                                  max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                                  eos_token_id=None, pad_token_id=0, use_cache=args.worker != "recompute",
-                                 cache_implementation="static" if args.worker == "static" else None,
-                                 stopping_criteria=StoppingCriteriaList([first_token]))
+                                 stopping_criteria=StoppingCriteriaList([first_token]), **extra)
+        sync(args.device)
         end = time.perf_counter()
         return out, clock["first"] - start, end - clock["first"]
 
-    baseline = peak_rss_bytes()
-    out, _, _ = run()  # warm-up, and the peak: first-call overheads stay out of the timing below
-    extra_peak = peak_rss_bytes() - max(baseline, current_rss_bytes())
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated() if cuda else peak_rss_bytes()
+    warm = time.perf_counter()
+    out, _, _ = run()  # warm-up (and compilation), and the peak: first-call overheads stay out of the timing below
+    warm_s = time.perf_counter() - warm
+    if cuda:
+        extra_peak = torch.cuda.max_memory_allocated() - baseline
+    else:
+        extra_peak = peak_rss_bytes() - max(baseline, current_rss_bytes())
     out, ttft, decode = run()
     steps = args.new_tokens - 1
     return {"ttft_ms": 1e3 * ttft, "decode_ms_per_token": 1e3 * decode / steps,
             "tokens_per_s": args.batch * steps / decode, "extra_peak_mib": max(extra_peak, 0) / MIB,
-            "weight_bytes": weight_bytes, "tokens": out[0, -args.new_tokens:].tolist()}
+            "weight_bytes": weight_bytes, "tokens": out[0, -args.new_tokens:].tolist(), "warm_s": warm_s}
 
 
 def thudm_worker(args) -> dict:
@@ -268,17 +290,21 @@ def main(argv=None) -> None:
     bound = bandwidth * 1e9 / weight_bytes
     print(f"model: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {weight_bytes / 1e9:.2f} GB of "
           f"{args.dtype} weights; batch {args.batch}, {args.new_tokens} new tokens")
-    print(f"bandwidth (fp32 matrix-vector): torch.mv {rates['mv_gb_per_s']:.1f} GB/s, oneDNN packed "
-          f"{rates.get('packed_gb_per_s', float('nan')):.1f} GB/s -> bound {bound:.1f} tokens/s at batch 1 (the faster; "
-          f"torch.mv's alone: {rates['mv_gb_per_s'] * 1e9 / weight_bytes:.1f})")
+    if "copy_gb_per_s" in rates:
+        print(f"bandwidth ({args.device} copy, read + write): {bandwidth:.1f} GB/s -> bound {bound:.1f} tokens/s "
+              f"at batch 1")
+    else:
+        print(f"bandwidth (fp32 matrix-vector): torch.mv {rates['mv_gb_per_s']:.1f} GB/s, oneDNN packed "
+              f"{rates.get('packed_gb_per_s', float('nan')):.1f} GB/s -> bound {bound:.1f} tokens/s at batch 1 (the "
+              f"faster; torch.mv's alone: {rates['mv_gb_per_s'] * 1e9 / weight_bytes:.1f})")
     print(f"{'prompt':>6} {'variant':<10} {'ttft ms':>9} {'decode ms/tok':>14} {'tokens/s':>9} {'of bound':>9} "
-          f"{'extra peak MiB':>15} {'same tokens':>12}")
+          f"{'extra peak MiB':>15} {'same tokens':>12} {'warm-up s':>10}")
     for row in rows:
         reference = next(r for r in rows if r["prompt"] == row["prompt"] and r["variant"] == rows[0]["variant"])
         same = "yes" if row["tokens"] == reference["tokens"] else "NO"
         print(f"{row['prompt']:>6} {row['variant']:<10} {row['ttft_ms']:>9.1f} {row['decode_ms_per_token']:>14.2f} "
-              f"{row['tokens_per_s']:>9.2f} {row['tokens_per_s'] / bound:>8.0%} {row['extra_peak_mib']:>15.1f} "
-              f"{same:>12}")
+              f"{row['tokens_per_s']:>9.2f} {row['tokens_per_s'] / args.batch / bound:>8.0%} "
+              f"{row['extra_peak_mib']:>15.1f} {same:>12} {row.get('warm_s', float('nan')):>10.1f}")
     by = {(r["prompt"], r["variant"]): r for r in rows}
     if "cached" in variants and len(prompts) > 1:
         flat = by[(prompts[-1], "cached")]["decode_ms_per_token"] / by[(prompts[0], "cached")]["decode_ms_per_token"]

@@ -244,6 +244,8 @@ class TrainingLoop:
     # Called on the main rank at each log line with ``(iteration, scalars)``: lr, train_loss, elapsed_time
     # (ms per iteration), grad_norm, tokens_per_second and, under fp16, loss_scale (e.g. for TensorBoard).
     summary: Callable[[int, dict], None] | None = None
+    # Set: the first step's time is printed on the main rank, with this note (e.g. what compiles in it).
+    first_step_note: str | None = None
 
     def run(self, batches: Iterator[dict], iteration: int,
             periodic: list[tuple[int, Callable[[int], None]]] = ()) -> int:
@@ -254,6 +256,7 @@ class TrainingLoop:
                    disable=not (env.is_main and sys.stderr.isatty()))
         interval_loss, interval_norm, interval_start = 0.0, 0.0, time.perf_counter()
         stats = {} if self.summary is not None else None
+        first_step = self.first_step_note is not None and env.is_main
         try:
             while iteration < self.total_iters:
                 step_start = time.perf_counter()
@@ -262,6 +265,13 @@ class TrainingLoop:
                                   clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing,
                                   stats=stats, logits_fn=self.logits_fn)
                 iteration += 1
+                if first_step:
+                    first_step = False
+                    note = f"first iteration: {time.perf_counter() - step_start:.1f} s ({self.first_step_note})"
+                    if bar.disable:
+                        print(f" > {note}", flush=True)
+                    else:
+                        bar.write(f" > {note}")
                 interval_loss += loss
                 interval_norm += stats["grad_norm"] if stats is not None else 0.0
                 bar.update()

@@ -86,6 +86,22 @@ def test_static_cache_equals_dynamic_cache(model, tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_static_decode_step_generates_the_eager_tokens(model, tokenizer):
+    # The decode step compiled whole (fullgraph: no graph break, no read of the cache's length on the host),
+    # by inductor's CPU backend here, as CUDA graphs replay it on a GPU (bench.generate --variants compiled).
+    from transformers import CompileConfig
+
+    inputs = tokenizer.build_inputs_for_generation(TEXTS, max_gen_length=6)
+    kwargs = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=tokenizer.pad_token_id,
+                  cache_implementation="static")
+    config = CompileConfig(fullgraph=True, dynamic=False)
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless told
+    eager = model.generate(**inputs, **kwargs)
+    compiled = model.generate(**inputs, compile_config=config, **kwargs)
+    assert getattr(model, "_compiled_call", None) is not None
+    assert torch.equal(compiled, eager)
+
+
 def test_beam_search_equals_exhaustive_search():
     vocab, steps = 5, 3
     model = tiny_model(vocab, seed=3, std=0.5, hidden=32, layers=1)

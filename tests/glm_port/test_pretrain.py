@@ -7,7 +7,8 @@ import pytest
 
 from glm_port.arguments import parse_args
 from glm_port.models.glm.model import GLMTransformer
-from glm_port.pretrain_glm import main, model_config
+from glm_port import pretrain_glm
+from glm_port.pretrain_glm import compile_by_default, main, model_config
 from glm_port.training import log_line
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
@@ -128,6 +129,20 @@ def test_compile_flag_compiles_the_layers(monkeypatch, capsys):
     monkeypatch.setattr(GLMTransformer, "compile_layers", lambda self, **options: compiled.append(len(self.layers)))
     assert run(capsys, "--train-iters", "1", "--compile")
     assert compiled == [1]
+
+
+def test_compile_is_the_cuda_default_and_no_compile_turns_it_off(monkeypatch, capsys):
+    assert compile_by_default("cuda") and compile_by_default("cuda:1") and not compile_by_default("cpu")
+    compiled = []
+    monkeypatch.setattr(GLMTransformer, "compile_layers", lambda self, **options: compiled.append(len(self.layers)))
+    assert run(capsys, "--train-iters", "1")  # on this CPU: eager by default
+    monkeypatch.setattr(pretrain_glm, "compile_by_default", lambda device: True)  # as on a CUDA device
+    assert run(capsys, "--train-iters", "1", "--no-compile")
+    assert compiled == []
+    main([*TINY, "--train-iters", "1"])
+    assert compiled == [1]
+    out = capsys.readouterr().out
+    assert "first iteration:" in out and "torch.compile included" in out
 
 
 def test_deepspeed_config_fields(tmp_path):

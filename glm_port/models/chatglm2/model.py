@@ -104,6 +104,31 @@ def attention_mask_4d(attention_mask, query_len: int, past_len: int):
     return mask[:, None]
 
 
+def static_attention_mask(attention_mask, cache_position, key_len: int):
+    """``attention_mask_4d`` for a preallocated cache (transformers' ``StaticCache``): ``[batch or 1, 1,
+    query, key_len]`` over the whole buffer, with no host synchronisation (a compiled step replays it).
+
+    Query ``i`` (at ``cache_position[i]``) sees the keys at positions ``<= cache_position[i]`` that
+    ``attention_mask`` keeps: ``[batch, <= key_len]`` (1 = token; columns past its end are not written
+    yet), or the 4-D mask ``generate`` builds for such a cache (boolean, True = attend; or additive, 0 =
+    attend), taken as it is. A row with no key left sees every key, as ``attention_mask_4d``'s do: a
+    padding query then stays finite instead of turning into NaN, which would reach real queries through
+    the values it writes to the cache.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        mask = mask[..., :key_len]
+    else:
+        keys = torch.arange(key_len, device=cache_position.device)
+        mask = (keys[None, :] <= cache_position[:, None])[None]
+        if attention_mask is not None:
+            kept = attention_mask[:, :key_len].bool()
+            kept = F.pad(kept, (0, key_len - kept.shape[-1]), value=False)
+            mask = mask & kept[:, None, :]
+        mask = mask[:, None]
+    return mask | ~mask.any(-1, keepdim=True)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: ChatGLM2Config, layer_idx: int):
         super().__init__()
@@ -291,13 +316,24 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        past = cache.get_seq_length() if cache is not None else 0
-        if past + seq > self.config.seq_length:
-            raise ValueError(f"ChatGLM2: {past + seq} tokens exceed the model's seq_length ({self.config.seq_length})")
-        if position_ids is None:
-            position_ids = torch.arange(past, past + seq, device=x.device).expand(batch, seq)
+        cache_position = kwargs.get("cache_position")
+        if cache is not None and getattr(cache, "is_compileable", False):
+            # A preallocated cache: attention reads its whole buffer, so the mask spans it; positions come
+            # from generate's cache_position (no read of the cache's length: a compiled step replays this).
+            if cache_position is None:
+                past = cache.get_seq_length()
+                cache_position = torch.arange(seq, device=x.device) + past
+            if position_ids is None:
+                position_ids = cache_position.expand(batch, seq)
+            mask = static_attention_mask(attention_mask, cache_position, cache.get_mask_sizes(seq, 0)[0])
+        else:
+            past = cache.get_seq_length() if cache is not None else 0
+            if past + seq > self.config.seq_length:
+                raise ValueError(f"ChatGLM2: {past + seq} tokens exceed the model's seq_length ({self.config.seq_length})")
+            if position_ids is None:
+                position_ids = torch.arange(past, past + seq, device=x.device).expand(batch, seq)
+            mask = attention_mask_4d(attention_mask, seq, past)
         cos, sin = rotary_cos_sin(self.config, position_ids, x.dtype)
-        mask = attention_mask_4d(attention_mask, seq, past)
         hidden = self.encoder(x, cos, sin, mask, cache)
         return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE: cache if use_cache else None})
 
@@ -332,7 +368,8 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
         fp32: ``sum(loss * mask) / mask.sum()``.
         """
         cache = past_key_values if cache is None else cache
-        out = self.transformer(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        out = self.transformer(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
+                               cache_position=kwargs.get("cache_position"))
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
@@ -370,5 +407,5 @@ def num_parameters_expected(config: ChatGLM2Config) -> int:
 
 __all__ = [
     "ChatGLM2ForCausalLM", "ChatGLM2Model", "ChatGLM2PreTrainedModel", "apply_rotary", "attention_mask_4d",
-    "rotary_cos_sin", "num_parameters_expected",
+    "rotary_cos_sin", "num_parameters_expected", "static_attention_mask",
 ]

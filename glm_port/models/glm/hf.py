@@ -85,11 +85,18 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         batch_size, query_length = input_ids.shape
         if use_cache and cache is None:
             cache = DynamicCache()
-        past = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            positions = torch.arange(past, past + query_length, device=input_ids.device).expand(batch_size, -1)
-            position_ids = torch.stack((positions, torch.zeros_like(positions)), dim=1)
-        visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
+        if (cache is not None and getattr(cache, "is_compileable", False) and position_ids is not None
+                and attention_mask is not None and attention_mask.dim() == 4):
+            # A preallocated cache with generate's inputs: the mask already spans the cache's buffer
+            # (prepare_inputs_for_generation), so nothing here reads the cache's length, a value on the
+            # device: a compiled decode step replays with no host synchronisation.
+            visible = attention_mask.bool().expand(batch_size, -1, -1, -1)
+        else:
+            past = cache.get_seq_length() if cache is not None else 0
+            if position_ids is None:
+                positions = torch.arange(past, past + query_length, device=input_ids.device).expand(batch_size, -1)
+                position_ids = torch.stack((positions, torch.zeros_like(positions)), dim=1)
+            visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
         glm = self.glm
         transformer = glm.transformer
         stage = self.pipeline
@@ -163,6 +170,10 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         visible = generation_attention_mask[:, :, past:current, :current].bool()
         if attention_mask is not None:  # keys dropped between blanks (end tokens, padding)
             visible = visible & attention_mask[:, None, None, :current].bool()
+        if cache is not None and use_cache and getattr(cache, "is_compileable", False):
+            # A preallocated cache: attention reads its whole buffer, whose unwritten slots stay unseen.
+            buffer = cache.get_mask_sizes(visible.size(-2), 0)[0]
+            visible = F.pad(visible, (0, buffer - visible.size(-1)), value=False)
         inputs = {
             "input_ids": input_ids[:, past:],
             "position_ids": glm_position_ids[:, :, past:current],

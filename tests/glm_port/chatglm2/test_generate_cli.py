@@ -39,6 +39,17 @@ def test_glm_generate_continues_prompts_greedily(model_dir, tiny):
         assert result["text"] == result["prompt"] + tok.decode(new)
 
 
+def test_glm_generate_static_cache_gives_the_growing_caches_output(model_dir):
+    prompts = ["你好", "Mira is the fisher of the valley."]
+    outputs = []
+    for flags in ([], ["--static-cache"]):
+        out, err = io.StringIO(), io.StringIO()
+        run(build_parser().parse_args(["--model", str(model_dir), "--json", "--max-new-tokens", "5", *flags,
+                                       *prompts]), out, err)
+        outputs.append([json.loads(line)["generated_ids"] for line in out.getvalue().splitlines()])
+    assert outputs[1] == outputs[0] and len(outputs[0]) == 2
+
+
 def test_glm_generate_bad_input_exits_2(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "chatglm", "num_layers": 1}))
     with pytest.raises(SystemExit) as exc:
