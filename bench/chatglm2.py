@@ -400,6 +400,7 @@ def build_parser():
     parser.add_argument("--lora-steps", type=int, default=2,
                         help="timed LoRA finetune steps at ADGEN's shape after one warm-up (0: skip that table)")
     parser.add_argument("--lora-batch", type=int, default=4)
+    parser.add_argument("--json", metavar="FILE", help="also write the decode table's rows to FILE as JSON")
     parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--lora-worker", nargs=2, metavar=("VARIANT", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--cpp-worker", nargs=2, metavar=("VARIANT", "GGML_FILE"), help=argparse.SUPPRESS)
@@ -473,6 +474,15 @@ def summarize(samples: dict) -> list[dict]:
             "stable_tokens": all(r["tokens"] == results[0]["tokens"] for r in results),
         })
     return rows
+
+
+def _same_tokens(row: dict, rows: list[dict]) -> float | None:
+    """The share of row 0's tokens equal to glm_port's at the same batch (None where either did not run)."""
+    ref = next((r for r in rows if r["variant"] == "glm_port" and r["batch"] == row["batch"] and not r.get("na")),
+               None)
+    if ref is None or row.get("na"):
+        return None
+    return sum(a == b for a, b in zip(row["tokens"], ref["tokens"])) / len(ref["tokens"])
 
 
 def print_decode_table(rows: list[dict], rounds: int = 1) -> None:
@@ -561,7 +571,11 @@ def main(argv=None) -> int:
                 samples.setdefault((variant, batch), []).append(result)
             else:
                 lora_rows.append(result)
-    print_decode_table(summarize(samples), args.rounds)
+    rows = summarize(samples)
+    print_decode_table(rows, args.rounds)
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: v for k, v in row.items() if k != "tokens"} | {
+            "same_tokens": _same_tokens(row, rows)} for row in rows], indent=1), encoding="utf-8")
     if lora_rows:
         print(f"\nLoRA finetune (rank 8, alpha 32, dropout 0.1; AdamW), ADGEN shape 64 + 128 + 1, batch {args.lora_batch}, "
               f"{args.lora_steps} timed steps:")

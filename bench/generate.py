@@ -54,6 +54,8 @@ def parse(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the rows, the bandwidth and the bound to FILE as JSON")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--variants", default="cached,recompute")
     parser.add_argument("--thudm", action="store_true", help="add THUDM's remote-code model (GLM_HF_CODE, GLM_REF_PYTHON)")
@@ -305,6 +307,12 @@ def main(argv=None) -> None:
         print(f"{row['prompt']:>6} {row['variant']:<10} {row['ttft_ms']:>9.1f} {row['decode_ms_per_token']:>14.2f} "
               f"{row['tokens_per_s']:>9.2f} {row['tokens_per_s'] / args.batch / bound:>8.0%} "
               f"{row['extra_peak_mib']:>15.1f} {same:>12} {row.get('warm_s', float('nan')):>10.1f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"bandwidth_gb_per_s": bandwidth, "bound_tokens_per_s": bound, "batch": args.batch,
+                       "rows": [{k: v for k, v in r.items() if k != "tokens"} | {
+                           "same_tokens": r["tokens"] == next(x for x in rows if x["prompt"] == r["prompt"])["tokens"]}
+                           for r in rows]}, out, indent=1)
     by = {(r["prompt"], r["variant"]): r for r in rows}
     if "cached" in variants and len(prompts) > 1:
         flat = by[(prompts[-1], "cached")]["decode_ms_per_token"] / by[(prompts[0], "cached")]["decode_ms_per_token"]

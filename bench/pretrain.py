@@ -27,6 +27,7 @@ layer included) against ``--peak-tflops``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -295,6 +296,8 @@ def parse_args(argv=None):
                         help="extra glm-pretrain flags for (c), one string with '=': --glm-port-flags=\"--checkpoint-activations\"")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per run")
     parser.add_argument("--workdir", type=Path, help="scratch directory for the trees and logs")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write every (case, runner) figure to FILE as JSON (bench/gpu.py reads it)")
     args = parser.parse_args(argv)
     if args.upstream is not None and not (args.upstream / "pretrain_glm.py").is_file():
         parser.error(f"--upstream {args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
@@ -334,6 +337,27 @@ def main(argv=None) -> None:
         if all(len(m.runs) == args.rounds for m in results[case].values()):  # the case is complete
             tqdm.write("\n" + report(case, results[case], args, cuda))
     print(f"\n{len(jobs)} runs in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(figures(results, args, cuda), indent=1), encoding="utf-8")
+
+
+def figures(results: dict, args, cuda: bool) -> list[dict]:
+    """Every (case, runner) as a record: what the tables print, for a script to read."""
+    records = []
+    for case, by_runner in results.items():
+        tokens = case.batch * case.shape.seq
+        for runner, measured in by_runner.items():
+            record = {"shape": case.shape.name, "batch": case.batch, "precision": case.precision,
+                      "runner": runner, "ok": measured.ok()}
+            if measured.ok():
+                ms = measured.ms(args.warmup)
+                losses = measured.runs[0].losses
+                record.update(ms=ms, peak_mib=measured.peak(), first_loss=losses[0] if losses else None,
+                              last_loss=losses[-1] if losses else None,
+                              mfu=tokens * 1e3 / ms * case.shape.flops_per_token() / (args.peak_tflops * 1e12)
+                              if cuda else None)
+            records.append(record)
+    return records
 
 
 if __name__ == "__main__":
