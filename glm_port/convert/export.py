@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 import shim as torch
-from glm_port.convert.decode_step import check_onnx, export_onnx, export_program
+from glm_port.convert.decode_step import (ONNX_INSTALL, check_onnx, export_onnx, export_program,
+                                          missing_onnx_modules)
 from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
                                     write_model_directory)
 from glm_port.models.glm.tokenizer import tokenizer_files
@@ -54,6 +55,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose float16, bfloat16 or float32")
+    if onnx and (missing := missing_onnx_modules()):
+        raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     check_output(out, overwrite, source, lora)
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")

@@ -290,3 +290,14 @@ def test_export_bad_input(tmp_path, finetuned, capsys):
     err = exits_2(merge_cli.main, [str(root / "adapter"), str(tmp_path / "out")], capsys)
     assert "is a PEFT LoRA adapter, not a model" in err
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("absent", ["onnx", "onnxruntime"])
+def test_onnx_without_its_modules_is_one_line_naming_the_extra(tmp_path, finetuned, capsys, monkeypatch, absent):
+    # A machine without the `onnx` extra: the module cannot be imported (None in sys.modules makes import fail).
+    monkeypatch.setitem(__import__("sys").modules, absent, None)
+    root, _ = finetuned
+    err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "base"), "--output_path",
+                                    str(tmp_path / "served"), "--onnx"], capsys)
+    assert err.startswith("glm-export: error: --onnx needs") and absent in err and "glm-migrate[onnx]" in err, err
+    assert not (tmp_path / "served").exists() and leftovers(tmp_path) == []
