@@ -26,22 +26,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-MIB = 1 << 20
+from bench.peak_memory import MIB, peak_rss_bytes  # noqa: F401 (the one implementation: peak_memory runs alone)
+
 ROOT = Path(__file__).resolve().parents[1]  # where `bench` is importable from, for the workers
-
-
-def peak_rss_bytes() -> int:
-    """This process's RSS high-water mark. Linux's ``VmHWM`` (this address space's own), not ``ru_maxrss``:
-    Linux carries ``ru_maxrss`` across fork and exec, so a worker started by a parent that once held a large
-    model would report the parent's peak and hide its own below it."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def current_rss_bytes() -> int:

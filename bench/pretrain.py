@@ -27,6 +27,7 @@ layer included) against ``--peak-tflops``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -218,11 +219,14 @@ def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
             continue
         ms = measured.ms(args.warmup)
         rate = 1e3 / ms
-        row = f"| {TITLES[runner]} | {ms:.1f} | {case.batch * rate:.2f} | {tokens * rate:.0f} | {measured.peak():.0f} |"
+        peak = measured.peak()  # nan where the run printed no peak line (its log says why)
+        row = (f"| {TITLES[runner]} | {ms:.1f} | {case.batch * rate:.2f} | {tokens * rate:.0f} | "
+               f"{'-' if math.isnan(peak) else f'{peak:.0f}'} |")
         if cuda:
             row += f" {tokens * rate * case.shape.flops_per_token() / (args.peak_tflops * 1e12):.1%} |"
         if base is not None and base.ok():
-            row += f" {base.ms(args.warmup) / ms:.2f}x | {measured.peak() / base.peak():.2f}x |"
+            ratio = peak / base.peak()
+            row += f" {base.ms(args.warmup) / ms:.2f}x | {'-' if math.isnan(ratio) else f'{ratio:.2f}x'} |"
         else:
             row += " - | - |"
         losses = measured.runs[0].losses

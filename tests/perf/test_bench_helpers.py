@@ -113,3 +113,32 @@ def test_chatglm2_bench_rounds_keep_medians_the_spread_and_whether_tokens_held()
     assert (packed["decode_tok_s"], packed["decode_min"], packed["decode_max"], packed["ttft_ms"]) == (7.0, 6.0, 9.0, 200)
     assert packed["stable_tokens"] and not thudm["stable_tokens"] and thudm["tokens"] == [5, 6]
     assert cpp == {"variant": "chatglm_cpp_f32", "batch": 8, "na": True}
+
+
+def test_peak_memory_reports_where_bench_is_not_importable(tmp_path):
+    """bench.pretrain runs the original as ``python bench/peak_memory.py pretrain_glm.py`` inside upstream's
+    tree, under glm-mock, with the checkout not on PYTHONPATH: the peak line must come all the same (it was
+    missing there, so the original's peak RSS read nan and every memory ratio nanx)."""
+    script = tmp_path / "grow.py"
+    script.write_text("block = bytearray(96 << 20)\nprint('ran')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "peak_memory.py"), str(script)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rss, cuda = load_pretrain_bench().PEAK.findall(proc.stdout)[-1]
+    assert 96 <= float(rss) < 4096 and cuda == "-"
+
+
+def test_a_run_without_a_peak_line_shows_no_nan_in_the_table():
+    from types import SimpleNamespace
+
+    bench = load_pretrain_bench()
+    case = bench.Case(bench.SHAPES["tiny"], 4, "fp32")
+    runs = {"original": bench.Run(0, [10.0, 10.0], [2.0, 1.0], float("nan"), Path("a.log")),
+            "glm_port": bench.Run(0, [5.0, 5.0], [2.0, 1.0], 300.0, Path("c.log"))}
+    results = {name: bench.Measured([run]) for name, run in runs.items()}
+    table = bench.report(case, results, SimpleNamespace(warmup=0, peak_tflops=1.0), cuda=False)
+    assert "nan" not in table
+    original, port = table.splitlines()[2:4]
+    assert original.split("|")[5].strip() == "-" and port.split("|")[5].strip() == "300"
+    assert port.split("|")[6:8] == [" 2.00x ", " - "]  # speed against (a); memory unknown there
