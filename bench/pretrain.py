@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 import harness  # upstream's corpus, vocabulary, flags and environments
 import shim as torch
+from bench._measure import print_cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
@@ -324,6 +325,7 @@ def main(argv=None) -> None:
     runners = [r for r in bench.runners() if r in args.runners]
     cases = [Case(SHAPES[s], b, p) for s in args.shapes for b in (args.batch_sizes or SHAPES[s].batches)
              for p in args.precisions]  # fmt: skip
+    print_cpu_line()
     device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores, OMP_NUM_THREADS={args.threads}"
     print(f"{device}; torch {torch.__version__}; {args.iters} iterations per run, median after {args.warmup}, "
           f"{args.rounds} round(s); logs in {bench.workdir}")  # fmt: skip

@@ -142,3 +142,39 @@ def test_a_run_without_a_peak_line_shows_no_nan_in_the_table():
     original, port = table.splitlines()[2:4]
     assert original.split("|")[5].strip() == "-" and port.split("|")[5].strip() == "300"
     assert port.split("|")[6:8] == [" 2.00x ", " - "]  # speed against (a); memory unknown there
+
+
+XEON = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_vnni
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz
+flags\t\t: fpu sse2 avx avx2 avx512f avx512_bf16 amx_tile amx_bf16
+"""
+
+
+def test_cpu_line_names_the_cpu_and_the_flags_figures_depend_on():
+    from bench._measure import cpu_line
+
+    line = cpu_line(XEON, usable=2)
+    assert line.startswith("CPU: Intel(R) Xeon(R) CPU @ 2.20GHz (GenuineIntel, family 6, model 85), 2 usable CPU(s)")
+    # the first processor's flags: AVX-512 without BF16 or AMX (the machine that measured 0.96x, issue 26)
+    assert "; has avx2 avx512f avx512_vnni; lacks avx512_bf16 amx_tile amx_bf16" in line
+    assert cpu_line("", usable=1).startswith("CPU: ")  # no /proc/cpuinfo: platform's name, no flags claimed
+    assert "lacks" not in cpu_line("", usable=1)
+    here = cpu_line()
+    if Path("/proc/cpuinfo").is_file():
+        assert "has " in here and "lacks " in here
+
+
+@pytest.mark.parametrize("name", [n for n in BENCHES if n != "peak_memory"])  # peak_memory wraps, measures nothing
+def test_every_bench_prints_the_cpu_in_its_header(name):
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    calls = [node for node in ast.walk(main) if isinstance(node, ast.Call) and ast.unparse(node.func) == "print_cpu_line"]
+    assert calls, f"bench/{name}.py's main does not print the CPU line (bench._measure.print_cpu_line)"
