@@ -26,22 +26,52 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-MIB = 1 << 20
+from bench.peak_memory import MIB, peak_rss_bytes  # noqa: F401 (the one implementation: peak_memory runs alone)
+
 ROOT = Path(__file__).resolve().parents[1]  # where `bench` is importable from, for the workers
 
 
-def peak_rss_bytes() -> int:
-    """This process's RSS high-water mark. Linux's ``VmHWM`` (this address space's own), not ``ru_maxrss``:
-    Linux carries ``ru_maxrss`` across fork and exec, so a worker started by a parent that once held a large
-    model would report the parent's peak and hide its own below it."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+# The flags CPU figures depend on: AVX-512 kernels, bf16 dot products (AVX512_BF16), Intel's AMX tiles.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu_line(cpuinfo: str | None = None, usable: int | None = None) -> str:
+    """The CPU a bench ran on, for the header of every bench: the model name (with vendor, family and
+    model numbers, since a hypervisor may show only "AMD EPYC"), the CPUs this process may use, which of
+    :data:`CPU_FLAGS` it has and lacks, and the kernel level torch dispatches to (where torch is loaded).
+    ``cpuinfo``: /proc/cpuinfo's text (read here by default); ``usable``: the CPU count (this process's)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    first = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():  # the first processor's block
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    if usable is None:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    import platform
+
+    name = first.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    ids = [f"{first[k]}" if k == "vendor_id" else f"{k.split()[-1]} {first[k]}"
+           for k in ("vendor_id", "cpu family", "model") if first.get(k)]
+    flags = set(first.get("flags", "").split())
+    line = f"CPU: {name}" + (f" ({', '.join(ids)})" if ids else "") + f", {usable} usable CPU(s)"
+    if flags:
+        has = [f for f in CPU_FLAGS if f in flags]
+        lacks = [f for f in CPU_FLAGS if f not in flags]
+        line += f"; has {' '.join(has) or '-'}; lacks {' '.join(lacks) or '-'}"
+    torch = sys.modules.get("torch")
+    capability = getattr(getattr(getattr(torch, "backends", None), "cpu", None), "get_cpu_capability", None)
+    if capability is not None:
+        line += f"; torch CPU kernels: {capability()}"
+    return line
+
+
+def print_cpu_line() -> None:
+    """Print :func:`cpu_line` (every bench's header: CPU figures hold for the CPU they were taken on)."""
+    print(cpu_line(), flush=True)
 
 
 def current_rss_bytes() -> int:

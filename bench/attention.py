@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench._measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from bench._measure import measure_step, print_cpu_line, print_table, run_worker, saved_for_backward_mib
 from tqdm import tqdm
 
 ATTENTION = ("sdpa-nodrop", "explicit", "sdpa", "fused")
@@ -99,6 +99,7 @@ def main(argv=None) -> None:
         print(json.dumps(worker(args.worker, args)))
         return
 
+    print_cpu_line()
     forwarded = [f"--{name}={getattr(args, name.replace('-', '_'))}"
                  for name in ("batch", "heads", "seq", "head-dim", "p", "threads", "repeats")]
     # (row label, worker variant, extra flags): one "fused" row per block size asked for

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 
+from bench._measure import print_cpu_line
 from bench.chatglm2 import PRESETS, resolve
 
 QUESTION = "请问你叫什么名字？"
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
     if args.history < 1 or args.reply < 1 or args.repeats < 1:
         print("bench.chat_cache: error: --history, --reply and --repeats must be at least 1", file=sys.stderr)
         return 2
+    print_cpu_line()
     import torch
 
     from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM

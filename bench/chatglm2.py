@@ -67,6 +67,7 @@ import time
 from pathlib import Path
 
 from bench._decode import compile_kwargs, copy_rate, sync, weight_bytes_per_step
+from bench._measure import print_cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP_VARIANTS = {"chatglm_cpp_f32": "f32", "chatglm_cpp_f16": "f16"}
@@ -531,6 +532,7 @@ def main(argv=None) -> int:
     if args.write_thudm_dir:
         write_thudm_directory(args, args.write_thudm_dir)
         return 0
+    print_cpu_line()
     variants = _variants(args)
     if variants is None:
         return 2

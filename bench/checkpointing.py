@@ -26,6 +26,7 @@ import statistics
 from tqdm import tqdm
 
 import shim as torch
+from bench._measure import print_cpu_line
 from bench.pretrain import SHAPES, add_data_arguments, resolve_data
 from bench.pretrain_levers import STEPS, prepare, shape_setup, step, step_setup, time_levers
 
@@ -72,6 +73,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     resolve_data(parser, args)
 
+    print_cpu_line()
     device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:
         shape, batch_size, config, batches = shape_setup(name, args, tokenizer, device)

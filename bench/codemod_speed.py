@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._measure import print_cpu_line
+
 SRC_ENV = "GLM_UPSTREAM"  # the tests' name for a THUDM/GLM checkout
 PACONVERT_LINES_PER_S = 2000  # PaConvert's documented conversion rate (PyTorch -> Paddle)
 
@@ -64,6 +66,7 @@ def main() -> None:
     args = p.parse_args()
     if args.src is None:
         p.error(f"give the tree to migrate (SRC), or set {SRC_ENV}=/path/to/GLM")
+    print_cpu_line()
     if not args.src.is_dir():
         p.error(f"no source tree at {args.src}")
     files = sorted(args.src.rglob("*.py"))

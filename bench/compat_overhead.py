@@ -18,6 +18,7 @@ import torch.utils.benchmark as benchmark
 from torch.overrides import TorchFunctionMode
 
 import shim.compat
+from bench._measure import print_cpu_line
 from shim.compat.devices import means_cuda
 
 
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print_cpu_line()
     torch.set_num_threads(args.threads)
 
     configurations = {"torch": contextlib.nullcontext, "compat": shim.compat.installed, "mode": DeviceRewriteMode}

@@ -22,7 +22,7 @@ import argparse
 import json
 
 
-from bench._measure import measure_step, print_table, run_agreeing_variants, saved_for_backward_mib
+from bench._measure import measure_step, print_cpu_line, print_table, run_agreeing_variants, saved_for_backward_mib
 
 VARIANTS = ("mpu", "torch", "shim")
 
@@ -81,6 +81,7 @@ def main(argv=None) -> None:
         print(json.dumps(worker(args.worker, args)))
         return
 
+    print_cpu_line()
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
     rows, loss = run_agreeing_variants(__spec__.name, VARIANTS, forwarded)
     print(f"N={args.rows} V={args.vocab} {args.dtype}, forward+backward, loss {loss:.4f}")

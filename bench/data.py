@@ -13,6 +13,7 @@ import argparse
 import itertools
 import time
 
+from bench._measure import print_cpu_line
 from glm_port.data import BlockMasker, build_train_batches, get_tokenizer, load_corpus, read_documents
 from glm_port.data.batches import Windows
 from glm_port.data.corpus import DEFAULT_CORPUS
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers for the batch measurement")
     args = parser.parse_args()
 
+    print_cpu_line()
     tokenizer = get_tokenizer(args.tokenizer_type, args.tokenizer_path)
     documents = list(read_documents(DEFAULT_CORPUS))
     with Timer() as t:

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker
+from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, print_cpu_line, run_worker
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,7 @@ def main(argv=None) -> None:
 
     from tqdm import tqdm
 
+    print_cpu_line()
     module = __spec__.name  # the workers run as `python -m bench.finetune --worker ...`
     jobs = [f"speed={s}:{v}" for s in args.shapes for v in args.variants]
     jobs += [] if args.no_quality else ["quality=full", "quality=lora"]

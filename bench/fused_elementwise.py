@@ -21,7 +21,7 @@ import json
 
 from tqdm import tqdm
 
-from bench._measure import measure_step, print_table, run_worker, saved_for_backward_mib
+from bench._measure import measure_step, print_cpu_line, print_table, run_worker, saved_for_backward_mib
 
 VARIANTS = ("gelu-composed", "gelu-fused", "dropout-composed", "dropout-fused")
 
@@ -76,6 +76,7 @@ def main(argv=None) -> None:
         print(json.dumps(worker(args.worker, args)))
         return
 
+    print_cpu_line()
     forwarded = ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--p", str(args.p)]
     forwarded += ["--repeats", str(args.repeats)]
     rows = [{"variant": v, **run_worker(__spec__.name, v, forwarded)} for v in tqdm(VARIANTS, desc="variants", leave=False)]

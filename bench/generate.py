@@ -37,7 +37,7 @@ import tempfile
 import time
 
 from bench._decode import compile_kwargs, copy_rate, sync
-from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, run_worker
+from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, print_cpu_line, run_worker
 
 SCRIPT = __spec__.name if __spec__ is not None else "bench.generate"  # workers: python -m bench.generate
 
@@ -276,6 +276,7 @@ def main(argv=None) -> None:
         return
     from tqdm import tqdm
 
+    print_cpu_line()
     passthrough = list(argv if argv is not None else sys.argv[1:])
     if "--worker" in passthrough:
         raise SystemExit("--worker is internal")

@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.utils.benchmark as benchmark
 
+from bench._measure import print_cpu_line
 from shim.optim import FusedAdam
 
 
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     args = parser.parse_args()
+    print_cpu_line()
     torch.set_num_threads(args.threads)
 
     variants = {

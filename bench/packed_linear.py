@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench._measure import print_cpu_line
+
 SHAPES = {  # (out, in) of ChatGLM2-6B's layer products and its output layer
     "query_key_value": (4608, 4096),
     "dense": (4096, 4096),
@@ -80,6 +82,7 @@ def main(argv=None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    print_cpu_line()
     print(f"one ChatGLM2-6B layer's products + output layer, {torch.get_num_threads()} threads; ms per step "
           f"(GB/s of weights read)")
     print(f"{'dtype':<9} {'rows':>4} {'plain F.linear':>17} {'MKL-packed':>17} {'oneDNN-packed':>17}")

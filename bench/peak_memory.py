@@ -4,21 +4,41 @@
     python -m bench.peak_memory -m MODULE [ARGS...]
 
 The last line of output is ``peak memory (MiB): rss R | cuda C``: R is the process's peak resident
-set (Linux's ``VmHWM``, see ``bench._measure.peak_rss_bytes``), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
+set (Linux's ``VmHWM``, :func:`peak_rss_bytes`), C the peak of ``torch.cuda.max_memory_allocated`` (``-`` without CUDA). It lets
 bench/pretrain.py measure upstream's scripts, which report no memory of their own, unmodified.
+
+It imports nothing from this checkout: bench/pretrain.py runs it by path inside upstream's tree, where
+``bench`` is not importable (with glm-mock on, the checkout is not on ``PYTHONPATH``), and an import of
+``bench`` at exit failed there, so no line was printed and the original's peak read as ``nan``.
+``peak_rss_bytes`` lives here for that reason; ``bench._measure`` re-exports it for the op benches.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import resource
 import runpy
 import sys
 
+MIB = 1 << 20
+
+
+def peak_rss_bytes() -> int:
+    """This process's RSS high-water mark. Linux's ``VmHWM`` (this address space's own), not ``ru_maxrss``:
+    Linux carries ``ru_maxrss`` across fork and exec, so a worker started by a parent that once held a large
+    model would report the parent's peak and hide its own below it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
 
 def report() -> None:
-    from bench._measure import MIB, peak_rss_bytes
-
     rss_mib = peak_rss_bytes() / MIB
     cuda = "-"
     torch = sys.modules.get("torch")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -43,6 +44,7 @@ from tqdm import tqdm
 
 import harness  # upstream's corpus, vocabulary, flags and environments
 import shim as torch
+from bench._measure import print_cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_MEMORY = ROOT / "bench" / "peak_memory.py"
@@ -219,11 +221,14 @@ def report(case: Case, results: dict[str, Measured], args, cuda: bool) -> str:
             continue
         ms = measured.ms(args.warmup)
         rate = 1e3 / ms
-        row = f"| {TITLES[runner]} | {ms:.1f} | {case.batch * rate:.2f} | {tokens * rate:.0f} | {measured.peak():.0f} |"
+        peak = measured.peak()  # nan where the run printed no peak line (its log says why)
+        row = (f"| {TITLES[runner]} | {ms:.1f} | {case.batch * rate:.2f} | {tokens * rate:.0f} | "
+               f"{'-' if math.isnan(peak) else f'{peak:.0f}'} |")
         if cuda:
             row += f" {tokens * rate * case.shape.flops_per_token() / (args.peak_tflops * 1e12):.1%} |"
         if base is not None and base.ok():
-            row += f" {base.ms(args.warmup) / ms:.2f}x | {measured.peak() / base.peak():.2f}x |"
+            ratio = peak / base.peak()
+            row += f" {base.ms(args.warmup) / ms:.2f}x | {'-' if math.isnan(ratio) else f'{ratio:.2f}x'} |"
         else:
             row += " - | - |"
         losses = measured.runs[0].losses
@@ -323,6 +328,7 @@ def main(argv=None) -> None:
     runners = [r for r in bench.runners() if r in args.runners]
     cases = [Case(SHAPES[s], b, p) for s in args.shapes for b in (args.batch_sizes or SHAPES[s].batches)
              for p in args.precisions]  # fmt: skip
+    print_cpu_line()
     device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores, OMP_NUM_THREADS={args.threads}"
     print(f"{device}; torch {torch.__version__}; {args.iters} iterations per run, median after {args.warmup}, "
           f"{args.rounds} round(s); logs in {bench.workdir}")  # fmt: skip

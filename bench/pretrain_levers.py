@@ -29,6 +29,7 @@ import shim as torch
 import shim.nn.functional as F
 from glm_port import GLMConfig, GLMModel, data
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss
+from bench._measure import print_cpu_line
 from bench.pretrain import SHAPES, add_data_arguments, corpus_for, resolve_data
 
 
@@ -182,6 +183,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     resolve_data(parser, args)
 
+    print_cpu_line()
     device, dtype, tokenizer = step_setup(args)
     for name in args.shapes:
         shape, batch_size, config, batches = shape_setup(name, args, tokenizer, device)

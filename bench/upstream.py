@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import harness
+from bench._measure import print_cpu_line
 from harness import verify
 
 
@@ -34,6 +35,7 @@ def main() -> None:
     args = p.parse_args()
     if not (args.upstream / "pretrain_glm.py").is_file():
         p.error(f"{args.upstream} is not a THUDM/GLM checkout (no pretrain_glm.py)")
+    print_cpu_line()
 
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="glm-bench-upstream-"))).resolve()
     try:

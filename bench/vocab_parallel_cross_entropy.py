@@ -23,7 +23,7 @@ import json
 import os
 
 
-from bench._measure import measure_step, print_table, run_agreeing_variants
+from bench._measure import measure_step, print_cpu_line, print_table, run_agreeing_variants
 
 VARIANTS = ("composed", "loss_parallel", "shim")
 
@@ -130,6 +130,7 @@ def main(argv=None) -> None:
         print(json.dumps(worker(args.worker, args)))
         return
 
+    print_cpu_line()
     forwarded = ["--rows", str(args.rows), "--vocab", str(args.vocab), "--dtype", args.dtype, "--repeats", str(args.repeats)]
     rows, loss = run_agreeing_variants(__spec__.name, VARIANTS, forwarded)
     print(f"2 ranks, N={args.rows} V={args.vocab} ({args.vocab // 2} per rank) {args.dtype}, "

@@ -19,6 +19,8 @@ A latest checkpoint that cannot be read is reported with the newest intact one b
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import random
@@ -346,3 +348,46 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
         if "rng_tracker_states" in sd and _tracker() is not None:
             _tracker().set_states(sd["rng_tracker_states"])
     return int(sd.get("iteration", 0))
+
+
+# ---- the base model an adapter was trained on ---------------------------------------------------------
+
+BASE_RECORD = "base_model.json"  # beside a PEFT adapter's adapter_config.json
+
+
+def weights_fingerprint(state) -> str:
+    """sha256 of a model's weights: every tensor's name, shape and values, floating point ones as float32
+    (exact for float16 and bfloat16), so a base held in any of those dtypes, on any device, fingerprints
+    alike. One tensor is converted at a time."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach()
+        tensor = (tensor.float() if tensor.is_floating_point() else tensor).cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}\n".encode())
+        digest.update(tensor.numpy().reshape(-1).view(np.uint8))
+    return digest.hexdigest()
+
+
+def write_base_record(adapter_dir, base_path, fingerprint: str | None) -> Path:
+    """Record beside an adapter the base it was trained on: its path (as PEFT's ``base_model_name_or_path``)
+    and its :func:`weights_fingerprint` (None where it was not taken: a tensor-parallel run)."""
+    path = Path(adapter_dir) / BASE_RECORD
+    record = {"base_model_name_or_path": str(base_path) if base_path is not None else None,
+              "weights_sha256": fingerprint}
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_base_record(adapter_dir) -> dict | None:
+    """What :func:`write_base_record` wrote beside ``adapter_dir``, or None (an adapter saved by plain PEFT)."""
+    path = Path(adapter_dir) / BASE_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not a readable base record ({error})") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: not a readable base record (not a JSON object)")
+    return record
+

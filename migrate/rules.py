@@ -184,8 +184,15 @@ def load_tables(directory: str | None = None) -> Tables:
 
 
 def load_rules(directory: str | None = None) -> tuple[Rule, ...]:
-    """All rules from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), codes unique."""
-    return load_tables(directory).rules
+    """All rules from every ``*.toml`` in ``directory`` (default: :func:`rules_dir`), codes unique; none at
+    all is an error (a migration by an empty rule set would report every file as done)."""
+    rules = load_tables(directory).rules
+    if not rules:
+        files = parsed_files(directory)
+        where = directory or rules_dir()
+        raise RuleError(f"no rules in {where}: " + (f"its {len(files)} *.toml file(s) define no [[rule]]" if files
+                                                     else "no *.toml rule tables there"))
+    return rules
 
 
 class RuleSet:

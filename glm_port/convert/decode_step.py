@@ -80,6 +80,23 @@ def example_inputs(config, *, batch: int = 2, query: int = 3, past: int = 5, dty
     return input_ids, positions, mask, cache[0], cache[1]
 
 
+ONNX_MODULES = ("onnx", "onnxruntime")  # torch.onnx's TorchScript exporter writes through onnx; the check runs onnxruntime
+ONNX_INSTALL = "pip install 'glm-migrate[onnx]'"
+
+
+def missing_onnx_modules() -> list[str]:
+    """Which of the modules ``--onnx`` needs (:data:`ONNX_MODULES`) cannot be imported here."""
+    import importlib
+
+    missing = []
+    for name in ONNX_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def export_onnx(model, path, *, opset: int = ONNX_OPSET) -> Path:
     """Write the decoding step of ``model`` (eval mode, its dtype) as ONNX to ``path``.
 

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 import shim as torch
-from glm_port.convert.decode_step import check_onnx, export_onnx, export_program
+from glm_port.convert.decode_step import (ONNX_INSTALL, check_onnx, export_onnx, export_program,
+                                          missing_onnx_modules)
+from glm_port.checkpoint_io import BASE_RECORD, CheckpointError, read_base_record, weights_fingerprint
 from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
                                     write_model_directory)
 from glm_port.models.glm.tokenizer import tokenizer_files
@@ -27,6 +29,31 @@ from glm_port.models.glm.weights import WeightsError
 
 PROG = "glm-export"
 ONNX_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # relative to the largest logit
+
+
+def check_adapter_base(path: Path, source: Path, glm, *, allow_mismatch: bool = False) -> str | None:
+    """Refuse an adapter that glm-finetune recorded as trained on another base than ``glm`` (the weights read
+    from ``source``): its ``base_model.json`` fingerprint against ``glm``'s (``checkpoint_io``). Returns the
+    warning to print once the adapter has folded in, if any: an adapter without the record (plain PEFT's, a
+    tensor-parallel run's) cannot be checked; a mismatch passes with ``allow_mismatch``."""
+    try:
+        record = read_base_record(path)
+    except CheckpointError as error:
+        raise ConvertError(f"--lora_path {error}") from None
+    expected = (record or {}).get("weights_sha256")
+    if not expected:
+        why = (f"no {BASE_RECORD}: not saved by glm-finetune" if record is None else
+               f"{BASE_RECORD} names {record.get('base_model_name_or_path')} without a weights fingerprint")
+        return f"{PROG}: warning: cannot check that --lora_path {path} was trained on {source} ({why})"
+    actual = weights_fingerprint(glm.state_dict())
+    if actual == expected:
+        return None
+    trained_on = record.get("base_model_name_or_path") or "another base"
+    message = (f"--lora_path {path} was trained on {trained_on} (weights sha256 {expected[:12]}), not on "
+               f"--model_name_or_path {source} (sha256 {actual[:12]})")
+    if not allow_mismatch:
+        raise ConvertError(f"{message}: pass --allow_base_mismatch to fold it in anyway")
+    return f"{PROG}: warning: {message}; folded in as --allow_base_mismatch asks"
 
 
 def fold_adapter(glm, path: Path):
@@ -46,7 +73,7 @@ def fold_adapter(glm, path: Path):
 
 def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "float32", onnx: bool = False,
            torch_export: bool = False, tokenizer_type=None, tokenizer_path=None, overwrite: bool = False,
-           log=print) -> dict:
+           allow_base_mismatch: bool = False, log=print) -> dict:
     from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     source, out = Path(model_name_or_path).expanduser(), Path(output_path).expanduser()
@@ -54,6 +81,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype}: choose float16, bfloat16 or float32")
+    if onnx and (missing := missing_onnx_modules()):
+        raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     check_output(out, overwrite, ("--model_name_or_path", source), ("--lora_path", lora),
                  ("--tokenizer_path", tokenizer_path), out_flag="--output_path")
     if not source.exists():
@@ -63,7 +92,12 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
+        warning = None
+        if (lora / "adapter_config.json").is_file():  # (fold_adapter refuses any other folder)
+            warning = check_adapter_base(lora, source, model.glm, allow_mismatch=allow_base_mismatch)
         model.glm = fold_adapter(model.glm, lora)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     model = model.to(target).eval()
     state = {k: v.detach() for k, v in model.glm.state_dict().items()}
     report = {"output": str(out), "dtype": dtype, "lora": str(lora) if lora else None}
@@ -119,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer_type", default=None, help="vocabulary type, where none is beside the model")
     parser.add_argument("--tokenizer_path", default=None, help="vocabulary file or directory to copy")
     parser.add_argument("--overwrite", action="store_true", help="replace --output_path if it exists")
+    parser.add_argument("--allow_base_mismatch", "--allow-base-mismatch", action="store_true",
+                        help="fold in a --lora_path adapter that glm-finetune recorded as trained on other base "
+                        "weights than --model_name_or_path (refused by default)")
     return parser
 
 
@@ -127,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         report = export(args.model_name_or_path, args.output_path, lora_path=args.lora_path, dtype=args.dtype,
                         onnx=args.onnx, torch_export=args.torch_export, tokenizer_type=args.tokenizer_type,
-                        tokenizer_path=args.tokenizer_path, overwrite=args.overwrite)
+                        tokenizer_path=args.tokenizer_path, overwrite=args.overwrite,
+                        allow_base_mismatch=args.allow_base_mismatch)
     except (ConvertError, WeightsError, OSError, ValueError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)

@@ -32,12 +32,15 @@ back from the first rank holding each part.
 
 from __future__ import annotations
 
+import weakref
+
 import peft
 import torch
 import torch.nn.functional as F
 from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
+from glm_port.checkpoint_io import weights_fingerprint
 from shim.nn.tensor_parallel import Linear1D, _is_dtensor, section_part, sections_whole
 
 __all__ = ["TensorParallelLoraLinear", "full_adapter_state_dict", "lora_config", "register"]
@@ -211,3 +214,25 @@ def full_adapter_state_dict(model) -> dict:
         if "lora_" in key and key not in out:
             out[key] = value.full_tensor() if _is_dtensor(value) else value
     return out
+
+
+def base_state_dict(model) -> dict:
+    """The weights of the base model under a PEFT ``model`` (one process), keyed as the base alone is
+    (``.base_layer.`` / ``.original_module.`` dropped; LoRA weights and ``modules_to_save`` copies left out):
+    what ``checkpoint_io.weights_fingerprint`` takes to record the base an adapter was trained on."""
+    state = {}
+    for key, value in model.get_base_model().state_dict().items():
+        if "lora_" in key or ".modules_to_save." in key:
+            continue
+        state[key.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
+    return state
+
+
+_FINGERPRINTS = weakref.WeakKeyDictionary()  # a frozen base's fingerprint, taken at the run's first save
+
+
+def base_fingerprint(model) -> str:
+    """``weights_fingerprint`` of the frozen base under the PEFT ``model`` (one process), taken once."""
+    if model not in _FINGERPRINTS:
+        _FINGERPRINTS[model] = weights_fingerprint(base_state_dict(model))
+    return _FINGERPRINTS[model]

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 import shim as torch
-from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from glm_port.checkpoint_io import (CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint,
+                                   write_base_record)
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.finetune import metrics
 from glm_port.finetune.arguments import parse_args
@@ -352,7 +353,7 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
     ``from_pretrained`` at any tensor-parallel size merges them."""
     env, model, binding = session.env, session.model, session.binding
     if hasattr(model, "peft_config") and not args.merge_lora:
-        from glm_port.finetune.lora import full_adapter_state_dict
+        from glm_port.finetune.lora import base_fingerprint, full_adapter_state_dict
 
         # Under tensor parallel every rank gathers the adapter's slices: rank 0 writes it whole (PEFT's format).
         adapter = full_adapter_state_dict(model) if env.tp_size > 1 else None
@@ -367,9 +368,14 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
                             writer=env.dp_rank == 0)
             if env.is_main:
                 binding.save_tokenizer(session.tokenizer, base_dir, session.source)
+        base_path = (session.source if session.source is not None else base_dir).resolve()
         if env.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(str(directory), **({} if adapter is None else {"state_dict": adapter}))
+            # The base it was trained on, which glm-export checks: path and weights fingerprint (one process:
+            # tensor-parallel ranks hold slices, so there the path alone). Not in PEFT's base_model_name_or_path:
+            # a local path there makes PEFT's save look the directory up (Hub, config class) on every save.
+            write_base_record(directory, base_path, None if env.tp_size > 1 else base_fingerprint(model))
             if keep_base and env.tp_size == 1:  # a copy without PEFT's layers (its names are the base's)
                 import copy
 

@@ -115,6 +115,18 @@ def list_plan(force: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away (`glm-mock --list | head`) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # Python's documented way: stdout to devnull, so the interpreter's last flush at exit stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(_normalise(sys.argv[1:] if argv is None else list(argv)))
     if args.command == "list":

@@ -440,3 +440,71 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, glm, capsys, monke
     assert message in err, err
     assert leftovers(tmp_path) == []
     assert [p.name for p in (tmp_path / "merged").iterdir()] == ["earlier.txt"]  # the old output stays
+
+
+@pytest.mark.parametrize("absent", ["onnx", "onnxruntime"])
+def test_onnx_without_its_modules_is_one_line_naming_the_extra(tmp_path, finetuned, capsys, monkeypatch, absent):
+    # A machine without the `onnx` extra: the module cannot be imported (None in sys.modules makes import fail).
+    monkeypatch.setitem(__import__("sys").modules, absent, None)
+    root, _ = finetuned
+    err = exits_2(export_cli.main, ["--model_name_or_path", str(root / "base"), "--output_path",
+                                    str(tmp_path / "served"), "--onnx"], capsys)
+    assert err.startswith("glm-export: error: --onnx needs") and absent in err and "glm-migrate[onnx]" in err, err
+    assert not (tmp_path / "served").exists() and leftovers(tmp_path) == []
+
+
+def test_weights_fingerprint_holds_across_exact_dtypes_and_sees_one_changed_value():
+    from glm_port.checkpoint_io import weights_fingerprint
+
+    state = {"b": torch.randn(3, 4).bfloat16(), "a": torch.arange(5), "c": torch.tensor(True)}
+    wide = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    assert weights_fingerprint(state) == weights_fingerprint(wide) == weights_fingerprint(dict(reversed(state.items())))
+    changed = dict(wide, b=wide["b"].clone())
+    changed["b"][2, 3] += 2 ** -6
+    renamed = {("B" if k == "b" else k): v for k, v in wide.items()}
+    assert len({weights_fingerprint(wide), weights_fingerprint(changed), weights_fingerprint(renamed),
+                weights_fingerprint(dict(wide, b=wide["b"].reshape(4, 3)))}) == 4
+
+
+def test_export_refuses_an_adapter_trained_on_another_base_of_the_same_shape(tmp_path, finetuned, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from glm_port.finetune.run import main as finetune
+
+    finetune(["--max_steps", "2", "--eval_steps", "0", "--lora", "--do_eval", "false",
+              "--output_dir", str(tmp_path / "run")])
+    base, adapter = tmp_path / "run" / "base", tmp_path / "run" / "final"
+    record = json.loads((adapter / "base_model.json").read_text())
+    assert record["base_model_name_or_path"] == str(base.resolve())
+    assert len(record["weights_sha256"]) == 64
+    # The base the adapter was trained on: exported without a word.
+    capsys.readouterr()
+    export_cli.main(["--model_name_or_path", str(base), "--lora_path", str(adapter), "--output_path",
+                     str(tmp_path / "served")])
+    assert capsys.readouterr().err == "" and (tmp_path / "served" / "model.safetensors").is_file()
+    # Another base of the same shape (one weight nudged): refused in one line, nothing written ...
+    other = tmp_path / "other_base"
+    shutil.copytree(base, other)
+    state = load_file(other / "model.safetensors")
+    name = sorted(state)[0]
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] += 0.5
+    save_file(state, other / "model.safetensors", metadata={"format": "pt"})
+    argv = ["--model_name_or_path", str(other), "--lora_path", str(adapter), "--output_path", str(tmp_path / "out")]
+    err = exits_2(export_cli.main, argv, capsys)
+    assert err.startswith(f"glm-export: error: --lora_path {adapter} was trained on {base.resolve()} "), err
+    assert f"not on --model_name_or_path {other}" in err and "--allow_base_mismatch" in err, err
+    assert not (tmp_path / "out").exists()
+    # ... unless asked, with a warning.
+    export_cli.main([*argv, "--allow_base_mismatch"])
+    err = capsys.readouterr().err
+    assert "warning" in err and "folded in as --allow_base_mismatch asks" in err and (tmp_path / "out" / "model.safetensors").is_file()
+    # An adapter saved by plain PEFT records no base: a warning, not a refusal.
+    root, _ = finetuned
+    export_cli.main(["--model_name_or_path", str(root / "base"), "--lora_path", str(root / "adapter"),
+                     "--output_path", str(tmp_path / "plain")])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("glm-export: warning: cannot check that --lora_path") and "base_model.json" in err, err
+    assert (tmp_path / "plain" / "model.safetensors").is_file()

@@ -208,6 +208,20 @@ def test_own_rule_tables(src, tmp_path, capsys):
     assert "rule tables not found" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("tables", [{}, {"notes.txt": "not a table"},
+                                    {"scopes.toml": '[[mock_scope]]\nname = "apex"\ninstall = "NVIDIA apex"\n'}])
+def test_an_empty_rule_set_is_an_error(src, tmp_path, capsys, tables):
+    """Not '0 changes (100.0%)' and exit 0: rules that convert nothing are a mistake in --rules."""
+    (tmp_path / "rules").mkdir()
+    for name, text in tables.items():
+        (tmp_path / "rules" / name).write_text(text)
+    assert main([str(src), "-o", str(tmp_path / "out"), "--rules", str(tmp_path / "rules")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"glm-migrate: error: no rules in {tmp_path / 'rules'}: ") and len(err.splitlines()) == 1, err
+    assert "*.toml" in err and "100.0%" not in out and not (tmp_path / "out").exists()
+
+
 def test_report_opens_with_the_coverage_table(tmp_path):
     """Per package: found = converted + kept + unconverted, and what to do by hand for the unconverted."""
     src = tmp_path / "src"

@@ -58,3 +58,22 @@ def test_run_without_command_explains(capsys):
 def test_list_flag_after_run_belongs_to_the_command():
     assert cli._normalise(["run", "--", "tool", "--list"]) == ["run", "--", "tool", "--list"]
     assert cli._normalise(["--force", "apex", "--list"]) == ["list", "--force", "apex"]
+
+
+@pytest.mark.parametrize("argv", [["--list"], ["disable"]])
+def test_a_reader_that_went_away_ends_it_quietly(argv):
+    """`glm-mock --list | head`: the pipe's reader closes early. Here it is closed before glm-mock writes a
+    byte, so every write fails: no BrokenPipeError traceback, exit 1, nothing on stderr."""
+    import os
+    import subprocess
+
+    from .conftest import REPO
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "migrate.mock.cli", *argv], stdout=write, stderr=subprocess.PIPE,
+                              env=clean_env(PYTHONPATH=str(REPO)), text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert done.stderr == "" and done.returncode == 1, done.stderr

@@ -113,3 +113,68 @@ def test_chatglm2_bench_rounds_keep_medians_the_spread_and_whether_tokens_held()
     assert (packed["decode_tok_s"], packed["decode_min"], packed["decode_max"], packed["ttft_ms"]) == (7.0, 6.0, 9.0, 200)
     assert packed["stable_tokens"] and not thudm["stable_tokens"] and thudm["tokens"] == [5, 6]
     assert cpp == {"variant": "chatglm_cpp_f32", "batch": 8, "na": True}
+
+
+def test_peak_memory_reports_where_bench_is_not_importable(tmp_path):
+    """bench.pretrain runs the original as ``python bench/peak_memory.py pretrain_glm.py`` inside upstream's
+    tree, under glm-mock, with the checkout not on PYTHONPATH: the peak line must come all the same (it was
+    missing there, so the original's peak RSS read nan and every memory ratio nanx)."""
+    script = tmp_path / "grow.py"
+    script.write_text("block = bytearray(96 << 20)\nprint('ran')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "peak_memory.py"), str(script)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rss, cuda = load_pretrain_bench().PEAK.findall(proc.stdout)[-1]
+    assert 96 <= float(rss) < 4096 and cuda == "-"
+
+
+def test_a_run_without_a_peak_line_shows_no_nan_in_the_table():
+    from types import SimpleNamespace
+
+    bench = load_pretrain_bench()
+    case = bench.Case(bench.SHAPES["tiny"], 4, "fp32")
+    runs = {"original": bench.Run(0, [10.0, 10.0], [2.0, 1.0], float("nan"), Path("a.log")),
+            "glm_port": bench.Run(0, [5.0, 5.0], [2.0, 1.0], 300.0, Path("c.log"))}
+    results = {name: bench.Measured([run]) for name, run in runs.items()}
+    table = bench.report(case, results, SimpleNamespace(warmup=0, peak_tflops=1.0), cuda=False)
+    assert "nan" not in table
+    original, port = table.splitlines()[2:4]
+    assert original.split("|")[5].strip() == "-" and port.split("|")[5].strip() == "300"
+    assert port.split("|")[6:8] == [" 2.00x ", " - "]  # speed against (a); memory unknown there
+
+
+XEON = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_vnni
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz
+flags\t\t: fpu sse2 avx avx2 avx512f avx512_bf16 amx_tile amx_bf16
+"""
+
+
+def test_cpu_line_names_the_cpu_and_the_flags_figures_depend_on():
+    from bench._measure import cpu_line
+
+    line = cpu_line(XEON, usable=2)
+    assert line.startswith("CPU: Intel(R) Xeon(R) CPU @ 2.20GHz (GenuineIntel, family 6, model 85), 2 usable CPU(s)")
+    # the first processor's flags: AVX-512 without BF16 or AMX (the machine that measured 0.96x, issue 26)
+    assert "; has avx2 avx512f avx512_vnni; lacks avx512_bf16 amx_tile amx_bf16" in line
+    assert cpu_line("", usable=1).startswith("CPU: ")  # no /proc/cpuinfo: platform's name, no flags claimed
+    assert "lacks" not in cpu_line("", usable=1)
+    here = cpu_line()
+    if Path("/proc/cpuinfo").is_file():
+        assert "has " in here and "lacks " in here
+
+
+@pytest.mark.parametrize("name", [n for n in BENCHES if n != "peak_memory"])  # peak_memory wraps, measures nothing
+def test_every_bench_prints_the_cpu_in_its_header(name):
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    calls = [node for node in ast.walk(main) if isinstance(node, ast.Call) and ast.unparse(node.func) == "print_cpu_line"]
+    assert calls, f"bench/{name}.py's main does not print the CPU line (bench._measure.print_cpu_line)"

@@ -98,12 +98,18 @@ def test_nvtx_ranges_are_no_ops_without_cuda():
         pass
 
 
-def test_tensor_type_names_the_active_device_as_cuda():
+def test_tensor_type_names_the_active_device_as_cuda(monkeypatch):
     from shim.compat.devices import tensor_type
 
+    # The CPU stands in for CUDA (what a machine without a GPU gets; forced, so a GPU machine tests it too).
+    monkeypatch.setenv("SHIM_DEVICE", "cpu")
     assert tensor_type(torch.zeros(1)) == "torch.cuda.FloatTensor"
     assert tensor_type(torch.zeros(1, dtype=torch.half)) == "torch.cuda.HalfTensor"
     assert torch.zeros(1).type() == "torch.FloatTensor"  # torch itself is untouched
+    # With a CUDA GPU active (a GPU machine's default), a CPU tensor is not on it: torch's own name.
+    monkeypatch.setenv("SHIM_DEVICE", "cuda")
+    assert tensor_type(torch.zeros(1)) == "torch.FloatTensor"
+    assert tensor_type(torch.zeros(1, dtype=torch.half)) == "torch.HalfTensor"
 
 
 @pytest.mark.parametrize("name", ["amp_C", "fused_layer_norm_cuda", "scaled_masked_softmax_cuda",
@@ -115,10 +121,11 @@ def test_kernel_stand_ins_load_as_attributes(name):
     assert getattr(shim.kernels, name).__name__ == f"shim.kernels.{name}"
 
 
-def test_tensor_type_converts_to_cuda_named_types_on_the_active_device():
+def test_tensor_type_converts_to_cuda_named_types_on_the_active_device(monkeypatch):
     from shim.compat import cudaless
     from shim.compat.devices import tensor_type
 
+    monkeypatch.setenv("SHIM_DEVICE", "cpu")  # the CPU stands in for CUDA, on a GPU machine too
     x = torch.zeros(2)
     assert tensor_type(x, tensor_type(x)).dtype == torch.float32  # the round trip GLM's fp16 code does
     assert tensor_type(x, "torch.cuda.HalfTensor").dtype == torch.float16
