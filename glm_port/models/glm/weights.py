@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 import shim as torch
 
 from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
+from glm_port.dtypes import parse_dtype
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -474,13 +475,7 @@ def _copy_local(model, qualified: str, tensor) -> None:
 
 
 def _dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; choose fp32, bf16 or fp16")
-    return names[dtype]
+    return parse_dtype(dtype)  # either spelling (glm_port.dtypes)
 
 
 # ---- writing (tests, benches, conversion) ----------------------------------------------------------
