@@ -59,8 +59,12 @@ def read_config(directory, expected=MODEL_TYPES) -> ChatGLM2Config:
             f"{Path(directory) / 'config.json'}: model_type {model_type!r} is not a ChatGLM2-family model "
             f"(expected {' or '.join(map(repr, expected))})"
         )
-    config = ChatGLM2Config.from_pretrained(directory)
-    config.check_supported()
+    try:  # a field this port does not run (quantization_bit, pre_seq_len...) or a value out of range: one line
+        config = ChatGLM2Config.from_pretrained(directory)
+        config.check_supported()
+    except (ValueError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{Path(directory) / 'config.json'}: {reason}") from None
     return config
 
 
