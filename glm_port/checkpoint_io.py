@@ -18,6 +18,8 @@ A latest checkpoint that cannot be read is reported with the newest intact one b
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
 import random
@@ -203,12 +205,39 @@ def rank_files(directory: Path) -> list[Path]:
     return [ranks[r] for r in range(size)]
 
 
+class _MeshUnpicklingNotice(logging.Filter):
+    """torch's "pickling/unpickling of the DeviceMesh occurred before the PGs were created" warning, logged once
+    per DTensor mesh a checkpoint's optimizer state holds when it is read without a process group (glm-merge,
+    glm-export, detecting a family): true and harmless there (nothing is compiled), so not shown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "unpickling of the DeviceMesh occurred before the PGs were created" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_mesh_unpickling():
+    logger, notice = logging.getLogger("torch.distributed.device_mesh"), _MeshUnpicklingNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
+def load_file(path, **kwargs):
+    """``torch.load`` for a checkpoint file (``map_location`` "cpu" unless given), every family's readers'
+    way in: the DeviceMeshes of tensor-parallel optimizer state unpickle without their warning."""
+    kwargs.setdefault("map_location", "cpu")
+    with quiet_mesh_unpickling():
+        return torch.load(path, **kwargs)
+
+
 def saved_config(path) -> dict | None:
     """The architecture a checkpoint of ours carries (``'glm_config'``: a family's config as a dict, with its
     ``model_type`` where the family has one), read without loading its tensors; None for files that carry
     none (upstream's) or cannot be read this way."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = load_file(path, weights_only=True, mmap=True)
     except Exception:  # upstream's pickles (numpy state), legacy formats: not ours, no saved config
         return None
     config = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
@@ -238,12 +267,12 @@ def _previous_good(root: Path, latest: int | None, tp_rank: int) -> str:
 def read_checkpoint(path: Path) -> dict:
     try:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(path, weights_only=True)
         except pickle.UnpicklingError as error:
             if "Weights only load failed" not in str(error):
                 raise
             # Upstream's files pickle numpy RNG state; like upstream, a checkpoint you load is trusted.
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return load_file(path, weights_only=False)
     except (pickle.UnpicklingError, OSError, RuntimeError, EOFError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from glm_port.checkpoint_io import load_file
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from shim.nn.tensor_parallel import section_part, sections_whole
 
@@ -347,7 +348,7 @@ class ShardSource:
     @staticmethod
     def _read(path: Path) -> dict:
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            checkpoint = load_file(path, weights_only=True, mmap=True)
         except Exception as error:  # torch raises many kinds for a damaged file
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None

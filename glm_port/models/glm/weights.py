@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 import shim as torch
 
 from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
+from glm_port.checkpoint_io import load_file
 from glm_port.dtypes import parse_dtype
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 
@@ -193,7 +194,7 @@ def _torch_load(path: Path) -> dict:
                    {"mmap": True, "weights_only": False}, {"weights_only": False}):
         try:
             # Upstream's files pickle numpy RNG state: like upstream, a checkpoint you load is trusted.
-            return torch.load(path, map_location="cpu", **kwargs)
+            return load_file(path, **kwargs)
         except errors as error:
             last = error
     reason = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
