@@ -30,13 +30,21 @@ PROG = "glm-export"
 ONNX_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # relative to the largest logit
 
 
+def check_adapter(path: Path) -> None:
+    """A ConvertError unless ``path`` is a PEFT adapter directory (missing, a file, no adapter_config.json)."""
+    from glm_port.finetune.lora import adapter_problem
+
+    problem = adapter_problem(path)
+    if problem is not None:
+        raise ConvertError(f"--lora_path {path}: {problem}")
+
+
 def fold_adapter(glm, path: Path):
     """``glm`` (a GLMModel) with the PEFT LoRA adapter at ``path`` merged into its weights (PEFT's
     ``merge_and_unload``)."""
     import peft
 
-    if not (path / "adapter_config.json").is_file():
-        raise ConvertError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
+    check_adapter(path)
     try:
         adapted = peft.PeftModel.from_pretrained(glm, str(path), is_trainable=False)
     except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
@@ -58,6 +66,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
     check_not_adapter(source, "--model_name_or_path")
+    if lora is not None:
+        check_adapter(lora)  # before the model loads
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
