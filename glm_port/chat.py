@@ -5,8 +5,11 @@
     glm-chat --model chatglm3-6b/ --system "You are ChatGLM3."   # ChatGLM3's role-token format, found by itself
 
 The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
-the directory is ChatGLM3's (``--chat-format`` overrides). Commands at the prompt: ``/clear`` forgets the
-history (the system prompt stays), ``/exit`` (or end of input) quits.
+the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused).
+Commands at the prompt: ``/clear`` forgets the history (the system prompt stays), ``/exit`` (or end of input,
+or Ctrl-C) quits. Ctrl-C while a reply streams stops that reply and brings the prompt back, the conversation
+as before the turn. ``--temperature 0`` is greedy, as ``--greedy``. A line that is not UTF-8 is refused
+with one line and the chat goes on; bad options are one line on stderr, exit status 2, before anything loads.
 
 The key/value cache is kept from turn to turn (THUDM's ``stream_chat(past_key_values=...)``), so a turn
 prefills only its own tokens; ``/clear`` drops it. ``--no-cache-reuse`` prefills the whole conversation,
