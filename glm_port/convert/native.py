@@ -26,11 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     direction.add_argument("--to", choices=["transformers"],
                            help="SRC is a ChatGLM2 directory; DST is for transformers (one of --to/--from is required)")
     direction.add_argument("--from", dest="from_", choices=["transformers"],
-                           help="SRC is a transformers GLM directory; DST gets THUDM's ChatGLM2 names (one of --to/--from is "
-                           "required)")
+                           help="SRC is a transformers GLM directory; DST gets THUDM's ChatGLM2 names (one of "
+                           "--to/--from is required)")
     parser.add_argument("src", metavar="SRC", help="model directory to read (config.json + weights)")
     parser.add_argument("dst", metavar="DST", help="directory to write (must not exist or be empty)")
-    parser.add_argument("--dtype", type=dtype_argument, metavar=METAVAR, default=None, help="cast floating tensors; torch's float32, bfloat16, float16 too (default: keep SRC's)")
+    parser.add_argument("--dtype", type=dtype_argument, metavar=METAVAR, default=None,
+                        help="cast floating tensors; torch's float32, bfloat16, float16 too (default: keep SRC's)")
     parser.add_argument("--max-shard-size", default="2GB", help="largest safetensors shard written (default 2GB)")
     return parser
 

@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--no-cache", action="store_true",
                         help="recompute the whole prefix every step, slow (default: a key/value cache)")
     search.add_argument("--static-cache", action="store_true",
-                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it (default: grow it)")
+                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it "
+                             "(default: grow it)")
     run = parser.add_argument_group("where it runs")
     run.add_argument("--dtype", type=dtype_argument, metavar=DTYPE_METAVAR, default="fp32",
                      help="weights and compute precision (default fp32; torch's float32, bfloat16, float16 too)")

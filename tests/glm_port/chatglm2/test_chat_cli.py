@@ -81,7 +81,8 @@ def test_unsupported_config_is_one_line_in_every_loader(tmp_path, capsys, make_m
     expected = f"{model_dir / 'config.json'}: ChatGLM2 config sets {field}={value!r}: not supported by glm_port"
     assert glm_chat.main(["--model", str(model_dir), "--prompt", "hi"]) == 2
     assert native.main(["--to", "transformers", str(model_dir), str(tmp_path / "hf")]) == 2
-    for main, argv in ((generate.main, ["--model", str(model_dir), "hi"]), (merge.main, [str(model_dir), str(tmp_path / "m")])):
+    for main, argv in ((generate.main, ["--model", str(model_dir), "hi"]),
+                       (merge.main, [str(model_dir), str(tmp_path / "m")])):
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2
