@@ -162,3 +162,51 @@ def test_ctrl_c_outside_a_reply_exits_130_without_a_traceback(monkeypatch, capsy
 
     monkeypatch.setattr(glm_chat, "load", interrupted)  # Ctrl-C while the model loads
     assert glm_chat.main(["--prompt", "hi"]) == 130
+
+
+def test_sigint_while_a_reply_streams_returns_to_the_prompt():
+    """A real Ctrl-C (SIGINT) to a glm-chat process while its reply streams: the reply stops, the prompt
+    comes back and /exit then ends it with status 0, no traceback."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-m", "glm_port.chat", "--greedy", "--max-new-tokens", "400",
+                                "--no-pack"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    seen = bytearray()
+
+    def read():
+        while chunk := process.stdout.read1(4096):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def wait_for(pattern: bytes, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and process.poll() is None:
+            if pattern in seen:
+                return True
+            time.sleep(0.05)
+        return pattern in seen
+
+    try:
+        process.stdin.write("你好\n".encode())
+        process.stdin.flush()
+        reply = "ChatGLM：".encode()
+        assert wait_for(reply, 180), seen.decode(errors="replace")
+        deadline = time.monotonic() + 60  # a piece of the reply printed: it is streaming
+        while len(seen) <= seen.index(reply) + len(reply) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        assert wait_for(b"(reply stopped; this turn is forgotten)", 60), seen.decode(errors="replace")
+        process.stdin.write(b"/exit\n")
+        process.stdin.flush()
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    reader.join(timeout=10)
+    err = process.stderr.read().decode()
+    assert process.returncode == 0 and "Traceback" not in err, err
