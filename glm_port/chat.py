@@ -5,8 +5,11 @@
     glm-chat --model chatglm3-6b/ --system "You are ChatGLM3."   # ChatGLM3's role-token format, found by itself
 
 The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
-the directory is ChatGLM3's (``--chat-format`` overrides). Commands at the prompt: ``/clear`` forgets the
-history (the system prompt stays), ``/exit`` (or end of input) quits.
+the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused).
+Commands at the prompt: ``/clear`` forgets the history (the system prompt stays), ``/exit`` (or end of input,
+or Ctrl-C) quits. Ctrl-C while a reply streams stops that reply and brings the prompt back, the conversation
+as before the turn. ``--temperature 0`` is greedy, as ``--greedy``. A line that is not UTF-8 is refused
+with one line and the chat goes on; bad options are one line on stderr, exit status 2, before anything loads.
 
 The key/value cache is kept from turn to turn (THUDM's ``stream_chat(past_key_values=...)``), so a turn
 prefills only its own tokens; ``/clear`` drops it. ``--no-cache-reuse`` prefills the whole conversation,
@@ -23,8 +26,11 @@ import sys
 
 import torch
 
+from glm_port.dtypes import METAVAR as DTYPE_METAVAR
+from glm_port.dtypes import dtype_argument, parse_dtype
+from glm_port.generation.text import bad_utf8, tolerant_stdin
 from glm_port.models.chatglm2.chat import DEFAULTS, PromptTooLong, is_chatglm3, stream_chat
-from glm_port.models.chatglm2.tokenizer import CHAT_FORMATS
+from glm_port.models.chatglm2.tokenizer import CHAT_FORMATS, ROLE_TOKENS, detect_chat_format
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,18 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "embedded random-init tiny model, built on the fly with no downloads")
     parser.add_argument("--chat-format", choices=CHAT_FORMATS, default=None,
                         help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
-                        "Default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
+                        "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
                         "embedded model")
     parser.add_argument("--system", metavar="TEXT", default=None,
-                        help="ChatGLM3 only: a system prompt, the first message of every conversation")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                        help="default: float32 on CPU, bfloat16 on a GPU")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
-    parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
-    parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    parser.add_argument("--seed", type=int, default=None)
+                        help="ChatGLM3 only: a system prompt, the first message of every conversation (default: none)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda when a GPU is there, else "
+                             "cpu)")
+    parser.add_argument("--dtype", type=dtype_argument, metavar=DTYPE_METAVAR, default=None,
+                        help="weights and compute precision; torch's float32, bfloat16, float16 too (default: fp32 "
+                             "on CPU, bf16 on a GPU)")
+    parser.add_argument("--max-new-tokens", type=int, default=512,
+                        help="tokens per reply at most, at least 1; cut to what the model's seq_length leaves "
+                             "(default 512)")
+    parser.add_argument("--top-p", type=float, default=DEFAULTS["top_p"],
+                        help=f"sample in the smallest set of tokens whose probability reaches p, in (0, 1] "
+                             f"(default {DEFAULTS['top_p']}, THUDM's)")
+    parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"],
+                        help=f"divide the logits by this before sampling, >= 0; 0 is greedy, as --greedy "
+                             f"(default {DEFAULTS['temperature']}, THUDM's)")
+    parser.add_argument("--greedy", action="store_true",
+                        help="greedy decoding instead of sampling (default: sample, THUDM's top-p and temperature)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="random seed for sampling (default: none, a different reply each run)")
     parser.add_argument("--no-pack", action="store_true",
                         help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
                              "where that measures faster for one token; docs/generation.md)")
@@ -60,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "THUDM's stream_chat(past_key_values=...) does (the cache then holds the replies as "
                              "generated)")
     parser.add_argument("--prompt", action="append", default=None,
-                        help="answer these queries in turn (history kept) and exit, instead of reading the terminal")
+                        help="answer these queries in turn (history kept) and exit, instead of reading the terminal "
+                             "(repeatable; default: read queries from the terminal or stdin)")
     return parser
 
 
@@ -75,6 +93,10 @@ def load(model_dir, device="cpu", dtype=None, chat_format=None):
     from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
 
     config = check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
+    if chat_format == "chatglm3" and detect_chat_format(model_dir) != "chatglm3":
+        # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
+        raise WeightsError(f"--chat-format chatglm3: {model_dir}'s tokenizer is ChatGLM2's, which has no "
+                           f"{'/'.join(ROLE_TOKENS)} tokens (use --chat-format chatglm2, or a ChatGLM3 directory)")
     tokenizer = load_tokenizer(model_dir, chat_format=chat_format)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
@@ -98,31 +120,78 @@ class Conversation:
         self.history, self.past = list(self.start), None
 
     def turn(self, model, tokenizer, query, gen, out):
-        """Stream one reply to ``out``; history and cache move on only when it completes (a PromptTooLong
-        leaves both as they were)."""
+        """Stream one reply to ``out``; history and cache move on only when it completes. A PromptTooLong
+        leaves both as they were; so does a KeyboardInterrupt (Ctrl-C) while the reply streams: generation
+        is stopped (its worker waited for), the cache cut back to its length before the turn, and the
+        interrupt re-raised for the caller to go back to the prompt."""
         printed, history, past = "", self.history, self.past
+        length = past.get_seq_length() if past is not None else 0
         stream = stream_chat(model, tokenizer, query, self.history, past_key_values=past,
                              return_past_key_values=self.reuse, **gen)
-        for step in stream:
-            response, history = _text(step[0]), step[1]
-            if self.reuse:
-                past = step[2]
-            out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
-            out.flush()
-            printed = response
+        try:
+            for step in stream:
+                response, history = _text(step[0]), step[1]
+                if self.reuse:
+                    past = step[2]
+                out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
+                out.flush()
+                printed = response
+        except KeyboardInterrupt:
+            stream.close()  # stops generate at its next token and waits for it (done already if raised inside)
+            extra = self.past.get_seq_length() - length if self.past is not None else 0
+            if extra > 0:
+                self.past.crop(-extra)  # the interrupted turn's keys and values go (negative: tokens to drop)
+            raise
         out.write("\n")
         self.history, self.past = history, past
 
 
+def check_options(args) -> str | None:
+    """What is wrong with the options, in one line, before anything loads (None: nothing)."""
+    if args.max_new_tokens < 1:
+        return f"--max-new-tokens must be at least 1, got {args.max_new_tokens}"
+    if not 0 < args.top_p <= 1:  # NaN fails too
+        return f"--top-p must be in (0, 1], got {args.top_p}"
+    if not 0 <= args.temperature < float("inf"):
+        return f"--temperature must be a number >= 0 (0: greedy), got {args.temperature}"
+    texts = [("--system", args.system)] + [(f"--prompt {i + 1}", q) for i, q in enumerate(args.prompt or [])]
+    for flag, text in texts:
+        bad = bad_utf8(text) if text is not None else None
+        if bad is not None:
+            return f"{flag}: not valid UTF-8 ({bad})"
+    return None
+
+
+def generation_options(args) -> dict:
+    """``stream_chat``'s generate arguments; ``--temperature 0`` is greedy, as ``--greedy`` (common CLIs' reading)."""
+    gen = {"max_new_tokens": args.max_new_tokens}
+    greedy = args.greedy or args.temperature == 0
+    gen.update({"do_sample": False} if greedy else {"top_p": args.top_p, "temperature": args.temperature})
+    return gen
+
+
 def main(argv=None) -> int:
+    """Exit status: 0, 2 for bad input (one line on stderr), 130 for a Ctrl-C outside a reply (while loading,
+    or during a --prompt run); Ctrl-C while a reply streams at the terminal stops that reply only."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130
+
+
+def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from glm_port.models.chatglm2.weights import WeightsError
 
+    problem = check_options(args)
+    if problem is not None:
+        print(f"glm-chat: error: {problem}", file=sys.stderr)
+        return 2
     if args.seed is not None:
         torch.manual_seed(args.seed)
     try:
-        model, tokenizer = load(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None,
-                                args.chat_format)
+        model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
         return 2
@@ -134,8 +203,7 @@ def main(argv=None) -> int:
         from shim.nn import pack_linears
 
         pack_linears(model, batch_size=1)
-    gen = {"max_new_tokens": args.max_new_tokens}
-    gen.update({"do_sample": False} if args.greedy else {"top_p": args.top_p, "temperature": args.temperature})
+    gen = generation_options(args)
     start = [] if args.system is None else [{"role": "system", "content": args.system}]
     conversation, out = Conversation(start, reuse=not args.no_cache_reuse), sys.stdout
     if args.prompt:
@@ -149,7 +217,8 @@ def main(argv=None) -> int:
         return 0
     name = args.model or "the embedded random-init chatglm2-tiny model"
     out.write(f"glm-chat on {name} ({tokenizer.chat_format} chat format): /clear forgets the conversation, "
-              "/exit quits.\n")
+              "/exit quits, Ctrl-C stops a reply.\n")
+    tolerant_stdin()  # a line that is not UTF-8 is refused below, not a UnicodeDecodeError
     while True:
         try:
             query = input("\n用户：").strip()
@@ -164,11 +233,17 @@ def main(argv=None) -> int:
             continue
         if not query:
             continue
+        bad = bad_utf8(query)
+        if bad is not None:
+            out.write(f"glm-chat: that line is not valid UTF-8 ({bad}); it was not sent\n")
+            continue
         out.write("ChatGLM：")
         try:
             conversation.turn(model, tokenizer, query, gen, out)
         except PromptTooLong as exc:
             out.write(f"\nglm-chat: {exc}; this turn was not answered, /clear to start over\n")
+        except KeyboardInterrupt:
+            out.write("\n(reply stopped; this turn is forgotten)\n")
 
 
 if __name__ == "__main__":

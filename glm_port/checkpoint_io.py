@@ -19,8 +19,10 @@ A latest checkpoint that cannot be read is reported with the newest intact one b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import pickle
 import random
@@ -210,11 +212,38 @@ def rank_files(directory: Path) -> list[Path]:
     return [ranks[r] for r in range(size)]
 
 
+class _MeshUnpicklingNotice(logging.Filter):
+    """torch's "pickling/unpickling of the DeviceMesh occurred before the PGs were created" warning, logged once
+    per DTensor mesh a checkpoint's optimizer state holds when it is read without a process group (glm-merge,
+    glm-export, detecting a family): true and harmless there (nothing is compiled), so not shown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "unpickling of the DeviceMesh occurred before the PGs were created" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_mesh_unpickling():
+    logger, notice = logging.getLogger("torch.distributed.device_mesh"), _MeshUnpicklingNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
+def load_file(path, **kwargs):
+    """``torch.load`` for a checkpoint file (``map_location`` "cpu" unless given), every family's readers'
+    way in: the DeviceMeshes of tensor-parallel optimizer state unpickle without their warning."""
+    kwargs.setdefault("map_location", "cpu")
+    with quiet_mesh_unpickling():
+        return torch.load(path, **kwargs)
+
+
 def _header(path) -> dict | None:
     """A checkpoint file's top-level dict, tensors memory-mapped (not read); None for files that cannot be
     read this way (upstream's pickles of numpy state, legacy formats)."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = load_file(path, weights_only=True, mmap=True)
     except Exception:
         return None
     return checkpoint if isinstance(checkpoint, dict) else None
@@ -269,12 +298,12 @@ def _previous_good(root: Path, latest: int | None, tp_rank: int) -> str:
 def read_checkpoint(path: Path) -> dict:
     try:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(path, weights_only=True)
         except pickle.UnpicklingError as error:
             if "Weights only load failed" not in str(error):
                 raise
             # Upstream's files pickle numpy RNG state; like upstream, a checkpoint you load is trusted.
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return load_file(path, weights_only=False)
     except (pickle.UnpicklingError, OSError, RuntimeError, EOFError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None

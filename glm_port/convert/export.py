@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 
 import shim as torch
+from glm_port.checkpoint_io import BASE_RECORD, CheckpointError, read_base_record, weights_fingerprint
 from glm_port.convert.decode_step import (ONNX_INSTALL, check_onnx, export_onnx, export_program,
                                           missing_onnx_modules)
-from glm_port.checkpoint_io import BASE_RECORD, CheckpointError, read_base_record, weights_fingerprint
-from glm_port.convert.merge import (DTYPES, ConvertError, check_not_adapter, check_output, source_tokenizer,
-                                    write_model_directory)
+from glm_port.convert.merge import (DTYPE_METAVAR, ConvertError, check_not_adapter, check_output, source_tokenizer,
+                                    torch_dtype, write_model_directory)
+from glm_port.dtypes import dtype_argument
 from glm_port.models.glm.tokenizer import tokenizer_files
 from glm_port.models.glm.weights import WeightsError
 
@@ -56,13 +57,21 @@ def check_adapter_base(path: Path, source: Path, glm, *, allow_mismatch: bool = 
     return f"{PROG}: warning: {message}; folded in as --allow_base_mismatch asks"
 
 
+def check_adapter(path: Path) -> None:
+    """A ConvertError unless ``path`` is a PEFT adapter directory (missing, a file, no adapter_config.json)."""
+    from glm_port.finetune.lora import adapter_problem
+
+    problem = adapter_problem(path)
+    if problem is not None:
+        raise ConvertError(f"--lora_path {path}: {problem}")
+
+
 def fold_adapter(glm, path: Path):
     """``glm`` (a GLMModel) with the PEFT LoRA adapter at ``path`` merged into its weights (PEFT's
     ``merge_and_unload``)."""
     import peft
 
-    if not (path / "adapter_config.json").is_file():
-        raise ConvertError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
+    check_adapter(path)
     try:
         adapted = peft.PeftModel.from_pretrained(glm, str(path), is_trainable=False)
     except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another base model
@@ -79,8 +88,7 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     source, out = Path(model_name_or_path).expanduser(), Path(output_path).expanduser()
     lora = Path(lora_path).expanduser() if lora_path else None
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
-    if dtype not in DTYPES:
-        raise ConvertError(f"--dtype {dtype}: choose float16, bfloat16 or float32")
+    target = torch_dtype(dtype)
     if onnx and (missing := missing_onnx_modules()):
         raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     check_output(out, overwrite, ("--model_name_or_path", source), ("--lora_path", lora),
@@ -88,7 +96,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
     check_not_adapter(source, "--model_name_or_path")
-    target = DTYPES[dtype]
+    if lora is not None:
+        check_adapter(lora)  # before the model loads
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
@@ -100,7 +109,7 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
             print(warning, file=sys.stderr, flush=True)
     model = model.to(target).eval()
     state = {k: v.detach() for k, v in model.glm.state_dict().items()}
-    report = {"output": str(out), "dtype": dtype, "lora": str(lora) if lora else None}
+    report = {"output": str(out), "dtype": str(target).replace("torch.", ""), "lora": str(lora) if lora else None}
 
     def graphs(work: Path) -> None:
         if onnx:
@@ -143,16 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model: a Hugging Face GLM directory (glm-finetune's final/), tensor-parallel shards, "
                         "or a glm-pretrain --save directory")
     parser.add_argument("--lora_path", default=None,
-                        help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in")
+                        help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in (default: none)")
     parser.add_argument("--output_path", required=True, help="the directory to write")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                        help="weights (and graph) precision (default float32)")
+    parser.add_argument("--dtype", default="float32", type=dtype_argument, metavar=DTYPE_METAVAR,
+                        help="weights (and graph) precision; fp32, bf16, fp16 too (default float32)")
     parser.add_argument("--onnx", action="store_true",
-                        help="also write onnx/decode_step.onnx, checked against the eager model with onnxruntime")
-    parser.add_argument("--torch_export", action="store_true", help="also write decode_step.pt2 (torch.export)")
-    parser.add_argument("--tokenizer_type", default=None, help="vocabulary type, where none is beside the model")
-    parser.add_argument("--tokenizer_path", default=None, help="vocabulary file or directory to copy")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output_path if it exists")
+                        help="also write onnx/decode_step.onnx, checked against the eager model with onnxruntime "
+                        "(default: no graph)")
+    parser.add_argument("--torch_export", action="store_true",
+                        help="also write decode_step.pt2, torch.export (default: no graph)")
+    parser.add_argument("--tokenizer_type", default=None,
+                        help="vocabulary type, where none is beside the model (default: the one beside it, else "
+                        "glm-pretrain's built-in)")
+    parser.add_argument("--tokenizer_path", default=None,
+                        help="vocabulary file or directory to copy (default: the files beside the model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --output_path if it exists (default: refuse a non-empty one)")
     parser.add_argument("--allow_base_mismatch", "--allow-base-mismatch", action="store_true",
                         help="fold in a --lora_path adapter that glm-finetune recorded as trained on other base "
                         "weights than --model_name_or_path (refused by default)")

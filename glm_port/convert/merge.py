@@ -33,6 +33,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 import shim as torch
+from glm_port.dtypes import METAVAR as DTYPE_METAVAR
+from glm_port.dtypes import dtype_argument, parse_dtype
 from glm_port.models import family_at
 from glm_port.models.glm import weights
 from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
@@ -40,8 +42,6 @@ from glm_port.models.glm.weights import WeightsError
 from glm_port.outputs import OutputError, check_apart, check_directory_output, discard, publish, work_directory
 
 PROG = "glm-merge"
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
 # Files that make a GLM tokenizer (GLMTokenizer.from_pretrained reads them), copied from the source, and
 # transformers' generation defaults, which travel with the weights too.
 
@@ -51,6 +51,14 @@ class ConvertError(ValueError):
 
 
 # ---- the output directory ----------------------------------------------------------------------------
+
+
+def torch_dtype(dtype):
+    """``--dtype`` in either spelling (``glm_port.dtypes``) as a torch dtype (None: keep); ConvertError otherwise."""
+    try:
+        return parse_dtype(dtype)
+    except ValueError as error:
+        raise ConvertError(f"--dtype: {error}") from None
 
 
 def check_not_adapter(path: Path, flag: str = "SRC") -> None:
@@ -170,8 +178,7 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     src, out = Path(src).expanduser(), Path(out).expanduser()
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     check_output(out, overwrite, ("SRC", src), ("--tokenizer-path", tokenizer_path))
-    if dtype is not None and dtype not in DTYPES:
-        raise ConvertError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    dtype = torch_dtype(dtype)
     check_not_adapter(src)
     if family_at(src).name == "chatglm2":  # its config.json, or the config its shards carry
         return merge_chatglm2(src, out, dtype=dtype, tokenizer_type=tokenizer_type, tokenizer_path=tokenizer_path,
@@ -180,10 +187,10 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
     config = weights.source_config(source, overrides)
     tokenizer = source_tokenizer(source.path, tokenizer_type, tokenizer_path, config.vocab_size)
-    state = merged_state(source, DTYPES.get(dtype))
+    state = merged_state(source, dtype)
     check_against_architecture(state, config, src)
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
-    stored = DTYPES[dtype] if dtype else (dtypes.pop() if len(dtypes) == 1 else torch.float32)
+    stored = dtype or (dtypes.pop() if len(dtypes) == 1 else torch.float32)
     write_model_directory(state, config, stored, tokenizer, tokenizer_files(source.path, tokenizer_path), out)
     return {"source": str(src), "kind": source.kind, "shards": source.mp_size, "output": str(out),
             "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
@@ -201,7 +208,7 @@ def merge_chatglm2(src: Path, out: Path, *, dtype=None, tokenizer_type=None, tok
                            "(--tokenizer-path)")
     if num_attention_heads is not None:
         raise ConvertError("--num-attention-heads is for upstream GLM files; ChatGLM2 checkpoints carry their config")
-    return merge_checkpoint(src, out, dtype=DTYPES[dtype] if dtype else None, tokenizer_path=tokenizer_path,
+    return merge_checkpoint(src, out, dtype=dtype, tokenizer_path=tokenizer_path,
                             overwrite=overwrite)
 
 
@@ -216,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         "carry. OUT is written whole or not at all.")
     parser.add_argument("src", metavar="SRC", help="the weights to merge")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist, or be empty)")
-    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                        help="store the weights in this dtype (default: as the source stores them)")
+    parser.add_argument("--dtype", type=dtype_argument, metavar=DTYPE_METAVAR, default=None,
+                        help="store the weights in this dtype; torch's float32, bfloat16, float16 too (default: as the "
+                        "source stores them)")
     parser.add_argument("--tokenizer-type", default=None,
                         help="vocabulary type as glm-pretrain takes it (default: read beside SRC, else the built-in)")
     parser.add_argument("--tokenizer-path", default=None,
@@ -225,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-attention-heads", type=int, default=None,
                         help="for upstream files that carry no architecture: the head count (default hidden/64, "
                         "as every GLM release)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it exists (default: refuse a non-empty OUT)")
     return parser
 
 

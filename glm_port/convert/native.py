@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DTYPES = ("float32", "bfloat16", "float16")
+from glm_port.dtypes import METAVAR, dtype_argument, parse_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,25 +23,26 @@ def build_parser() -> argparse.ArgumentParser:
         "GlmForCausalLM layout (--to transformers) or back (--from transformers).",
     )
     direction = parser.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--to", choices=["transformers"], help="SRC is a ChatGLM2 directory; DST is for transformers")
+    direction.add_argument("--to", choices=["transformers"],
+                           help="SRC is a ChatGLM2 directory; DST is for transformers (one of --to/--from is required)")
     direction.add_argument("--from", dest="from_", choices=["transformers"],
-                           help="SRC is a transformers GLM directory; DST gets THUDM's ChatGLM2 names")
+                           help="SRC is a transformers GLM directory; DST gets THUDM's ChatGLM2 names (one of "
+                           "--to/--from is required)")
     parser.add_argument("src", metavar="SRC", help="model directory to read (config.json + weights)")
     parser.add_argument("dst", metavar="DST", help="directory to write (must not exist or be empty)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None, help="cast floating tensors (default: keep)")
+    parser.add_argument("--dtype", type=dtype_argument, metavar=METAVAR, default=None,
+                        help="cast floating tensors; torch's float32, bfloat16, float16 too (default: keep SRC's)")
     parser.add_argument("--max-shard-size", default="2GB", help="largest safetensors shard written (default 2GB)")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
-
     from glm_port.models.chatglm2.convert import from_transformers, to_transformers
     from glm_port.models.chatglm2.weights import WeightsError
     from glm_port.outputs import OutputError
 
-    dtype = getattr(torch, args.dtype) if args.dtype else None
+    dtype = parse_dtype(args.dtype)
     try:
         if args.to:
             to_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)

@@ -33,6 +33,7 @@ back from the first rank holding each part.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 
 import peft
 import torch
@@ -44,6 +45,18 @@ from glm_port.checkpoint_io import weights_fingerprint
 from shim.nn.tensor_parallel import Linear1D, _is_dtensor, section_part, sections_whole
 
 __all__ = ["TensorParallelLoraLinear", "full_adapter_state_dict", "lora_config", "register"]
+
+
+def adapter_problem(path) -> str | None:
+    """Why ``path`` (a ``--lora_path``) is not a PEFT adapter directory, in words; None when it is one."""
+    path = Path(path)
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file; a PEFT adapter is a directory with adapter_config.json"
+    if not (path / "adapter_config.json").is_file():
+        return "not a PEFT adapter (no adapter_config.json)"
+    return None
 
 
 def register(config: peft.LoraConfig) -> peft.LoraConfig:

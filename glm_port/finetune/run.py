@@ -106,8 +106,9 @@ def _apply_lora(args, glm):
 
     if args.lora_path:
         path = Path(args.lora_path).expanduser()
-        if not (path / "adapter_config.json").is_file():
-            raise FinetuneError(f"--lora_path {path}: not a PEFT adapter (no adapter_config.json)")
+        problem = lora.adapter_problem(path)
+        if problem is not None:
+            raise FinetuneError(f"--lora_path {path}: {problem}")
         try:  # a whole adapter: Linear1D targets take their tensor-parallel slices (glm_port.finetune.lora)
             config = lora.register(peft.LoraConfig.from_pretrained(str(path)))
             return peft.PeftModel.from_pretrained(glm, str(path), is_trainable=args.do_train, config=config)

@@ -22,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-DTYPES = ("fp32", "bf16", "fp16")
+from glm_port.dtypes import METAVAR as DTYPE_METAVAR
+from glm_port.dtypes import dtype_argument
+from glm_port.generation.text import bad_utf8, tolerant_stdin
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,44 +37,65 @@ def build_parser() -> argparse.ArgumentParser:
                "stdin), or stdin when it is not a terminal. GLM prompts may hold [MASK], [sMASK] or [gMASK]\n"
                "blanks, filled left to right; a prompt with none is continued ([gMASK] appended).\n\n"
                "examples:\n" + "\n".join("  " + line.strip() for line in __doc__.split("\n\n")[1].splitlines()))
-    parser.add_argument("prompts", nargs="*", help="prompts to complete")
+    parser.add_argument("prompts", nargs="*", help="prompts to complete (default: --input, else stdin)")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="weights: a Hugging Face GLM directory, upstream mp_rank_XX_model_states.pt files "
                              "(any model-parallel size), or a glm-pretrain --save directory")
-    parser.add_argument("--input", metavar="FILE", help="read prompts from FILE ('-': stdin)")
+    parser.add_argument("--input", metavar="FILE",
+                        help="read prompts from FILE, UTF-8 ('-': stdin; default: the arguments, else stdin when it "
+                             "is not a terminal)")
     parser.add_argument("--json", action="store_true",
-                        help="one JSON object per result: prompt, text, generated_ids (per blank), marked, sequence")
+                        help="one JSON object per result: prompt, text, generated_ids (per blank), marked, sequence "
+                             "(default: the marked form and the plain text)")
     parser.add_argument("--tokenizer-type", default=None,
                         help="vocabulary type as glm-pretrain takes it (default: read beside the weights, else "
                              "glm-pretrain's built-in tokenizer)")
-    parser.add_argument("--tokenizer-path", default=None, help="vocabulary file or directory")
+    parser.add_argument("--tokenizer-path", default=None,
+                        help="vocabulary file or directory (default: the one beside the weights)")
     search = parser.add_argument_group("search (transformers' GenerationMixin)")
-    search.add_argument("--max-new-tokens", type=int, default=64, help="tokens per blank at most (default 64)")
-    search.add_argument("--min-new-tokens", type=int, default=None, help="no end token before this many")
-    search.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search")
-    search.add_argument("--temperature", type=float, default=None)
-    search.add_argument("--top-k", type=int, default=None)
-    search.add_argument("--top-p", type=float, default=None)
-    search.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    search.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
-    search.add_argument("--length-penalty", type=float, default=None, help="beam score / length ** this")
-    search.add_argument("--no-repeat-ngram-size", type=int, default=None)
-    search.add_argument("--num-return-sequences", type=int, default=1, help="results per prompt (one-blank prompts)")
-    search.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow)")
+    search.add_argument("--max-new-tokens", type=int, default=64,
+                        help="tokens per blank at most, at least 1 (default 64; GLM: at most the model's positions "
+                             "- 1, ChatGLM2: cut to what fits seq_length)")
+    search.add_argument("--min-new-tokens", type=int, default=None,
+                        help="no end token before this many, at most --max-new-tokens (default: none)")
+    search.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search "
+                        "(default: greedy, or beam search with --num-beams > 1)")
+    search.add_argument("--temperature", type=float, default=None,
+                        help="with --do-sample: divide the logits by this, > 0 (default: 1.0, transformers' "
+                             "default); 0 means greedy")
+    search.add_argument("--top-k", type=int, default=None,
+                        help="with --do-sample: sample among the k likeliest tokens, >= 0, 0 = all (default: "
+                             "transformers' 50)")
+    search.add_argument("--top-p", type=float, default=None,
+                        help="with --do-sample: sample in the smallest set of tokens whose probability reaches p, "
+                             "in (0, 1] (default: 1.0, no cut)")
+    search.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none, "
+                        "a different draw each run)")
+    search.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (default 1: none)")
+    search.add_argument("--length-penalty", type=float, default=None,
+                        help="beam score / length ** this (default: transformers' 1.0)")
+    search.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                        help="no n-gram of this size twice, >= 1 (default: off)")
+    search.add_argument("--num-return-sequences", type=int, default=1,
+                        help="results per prompt, one-blank prompts (default 1)")
+    search.add_argument("--no-cache", action="store_true",
+                        help="recompute the whole prefix every step, slow (default: a key/value cache)")
     search.add_argument("--static-cache", action="store_true",
-                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it")
+                        help="preallocate the KV cache (transformers' StaticCache) instead of growing it "
+                             "(default: grow it)")
     run = parser.add_argument_group("where it runs")
-    run.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights and compute precision (default fp32)")
+    run.add_argument("--dtype", type=dtype_argument, metavar=DTYPE_METAVAR, default="fp32",
+                     help="weights and compute precision (default fp32; torch's float32, bfloat16, float16 too)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the accelerator if any)")
     run.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
     run.add_argument("--no-pack", action="store_true",
                      help="on CPU, keep the linear weights as loaded (default: repack each weight shape into "
                           "oneDNN's layout where that measures faster for a decode step; docs/generation.md)")
     run.add_argument("--tensor-parallel-size", type=int, default=1,
-                     help="split every layer over this many ranks (launch with torchrun)")
+                     help="split every layer over this many ranks, launched with torchrun (default 1)")
     run.add_argument("--pipeline-parallel-size", type=int, default=1,
                      help="split the layers into this many stages, each stage's layers split over "
-                          "--tensor-parallel-size ranks (launch with torchrun)")
+                          "--tensor-parallel-size ranks, launched with torchrun (default 1)")
     run.add_argument("--pipeline-num-layers", type=int, default=None,
                      help="layers the pipeline splits (LiBai's fourth number; default: all of the model's)")
     return parser
@@ -88,10 +112,10 @@ def read_prompts(args) -> list[str]:
         source = "-"
     if source is not None:
         if source == "-":
-            text, name = sys.stdin.read(), "stdin"
+            text, name = tolerant_stdin().read(), "stdin"
         else:
-            try:
-                text, name = Path(source).read_text(encoding="utf-8"), source
+            try:  # undecodable bytes kept as surrogates, reported below with their line
+                text, name = Path(source).read_bytes().decode("utf-8", errors="surrogateescape"), source
             except OSError as error:
                 raise UsageError(f"--input {source}: {error.strerror or error}") from None
         for number, line in enumerate(text.splitlines(), 1):
@@ -99,6 +123,9 @@ def read_prompts(args) -> list[str]:
                 lines.append((f"{name} line {number}", line))
     prompts = []
     for where, line in lines:
+        bad = bad_utf8(line)
+        if bad is not None:
+            raise UsageError(f"{where}: not valid UTF-8 ({bad})")
         if line.lstrip().startswith("{"):
             try:
                 record = json.loads(line)
@@ -114,15 +141,39 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
+def check_search(args) -> None:
+    """Every search option in its range, before anything is loaded (UsageError, one line)."""
+    for name in ("max_new_tokens", "batch_size", "num_beams", "num_return_sequences", "tensor_parallel_size",
+                 "pipeline_parallel_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    checks = [  # (flag, value, in range, the range)
+        ("--min-new-tokens", args.min_new_tokens, lambda v: 0 <= v <= args.max_new_tokens,
+         f"between 0 and --max-new-tokens ({args.max_new_tokens})"),
+        ("--temperature", args.temperature, lambda v: 0 <= v < float("inf"), "a number >= 0 (0: greedy)"),
+        ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("--top-k", args.top_k, lambda v: v >= 0, "at least 0 (0: no cut)"),
+        ("--length-penalty", args.length_penalty, lambda v: abs(v) < float("inf"), "a finite number"),
+        ("--no-repeat-ngram-size", args.no_repeat_ngram_size, lambda v: v >= 0, "at least 0 (0: off)"),
+        ("--pipeline-num-layers", args.pipeline_num_layers, lambda v: v >= 1, "at least 1"),
+    ]
+    for flag, value, ok, expected in checks:
+        if value is not None and not ok(value):  # NaN fails every comparison: refused too
+            raise UsageError(f"{flag} must be {expected}, got {value}")
+
+
 def generate_kwargs(args) -> dict:
-    kwargs = {"do_sample": args.do_sample, "num_beams": args.num_beams,
+    """``generate``'s keyword arguments from the flags; ``--temperature 0`` is greedy (as common CLIs take it)."""
+    greedy_by_temperature = args.do_sample and args.temperature == 0
+    kwargs = {"do_sample": args.do_sample and not greedy_by_temperature, "num_beams": args.num_beams,
               "num_return_sequences": args.num_return_sequences, "use_cache": not args.no_cache}
     if args.static_cache:
         kwargs["cache_implementation"] = "static"
-    for name in ("temperature", "top_k", "top_p", "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
+    sampling = () if greedy_by_temperature else ("temperature", "top_k", "top_p")
+    for name in (*sampling, "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
-    if args.num_return_sequences > max(args.num_beams, 1) and not args.do_sample:
+    if args.num_return_sequences > max(args.num_beams, 1) and not kwargs["do_sample"]:
         raise UsageError(f"--num-return-sequences {args.num_return_sequences} needs --num-beams at least as "
                          f"large, or --do-sample")
     return kwargs
@@ -162,10 +213,7 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
 
     from glm_port.generation.parallel import InferenceParallel
 
-    for name in ("max_new_tokens", "batch_size", "num_beams", "num_return_sequences", "tensor_parallel_size",
-                 "pipeline_parallel_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_search(args)
     prompts = read_prompts(args)
     kwargs = generate_kwargs(args)
     family = detect_family(args.model)

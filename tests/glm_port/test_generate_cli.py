@@ -97,3 +97,67 @@ def test_module_entry_point_runs(checkpoint):
                            "--max-new-tokens", "2", "a [MASK]"], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "<|startofpiece|>" in done.stdout
+
+
+# ---- issue 26: input checked before anything is loaded or generated ------------------------------------
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["a \udcff [MASK]"], "argument 1: not valid UTF-8 (byte 0xff at character 3)"),  # argv's surrogateescape
+    (["--input", "{tmp}/latin1.txt"], "latin1.txt line 2: not valid UTF-8 (byte 0xe9 at character 4)"),
+    (["--do-sample", "--top-p", "1.5", "a"], "--top-p must be in (0, 1], got 1.5"),
+    (["--do-sample", "--top-p", "0", "a"], "--top-p must be in (0, 1], got 0.0"),
+    (["--do-sample", "--top-k", "-1", "a"], "--top-k must be at least 0"),
+    (["--do-sample", "--temperature", "-0.5", "a"], "--temperature must be a number >= 0"),
+    (["--do-sample", "--temperature", "nan", "a"], "--temperature must be a number >= 0"),
+    (["--num-beams", "0", "a"], "--num-beams must be at least 1, got 0"),
+    (["--min-new-tokens", "5", "--max-new-tokens", "3", "a"], "--min-new-tokens must be between 0 and --max-new-tokens (3)"),
+    (["--no-repeat-ngram-size", "-2", "a"], "--no-repeat-ngram-size must be at least 0"),
+    # the checkpoint has 32 positions: a blank's tokens take block positions 1..N+1
+    (["--max-new-tokens", "300", "--min-new-tokens", "300", "a [MASK] b"], "at most 31 new tokens per blank"),
+    (["--max-new-tokens", "32", "a [MASK] b [MASK]"], "at most 31 new tokens per blank"),
+])
+def test_bad_search_input_is_one_line_exit_2(checkpoint, tmp_path, capsys, argv, message):
+    (tmp_path / "latin1.txt").write_bytes("fine [MASK]\ncaf\u00e9 [MASK]\n".encode("latin-1"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--model", str(checkpoint), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("glm-generate: error:") and message in err and "\n" not in err, err
+
+
+def test_non_utf8_stdin_is_one_line_exit_2(checkpoint):
+    done = subprocess.run([sys.executable, "-m", "glm_port.generate", "--model", str(checkpoint)],
+                          input=b"fine [MASK]\na \xff [MASK]\n", capture_output=True, timeout=240)
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and err == "glm-generate: error: stdin line 2: not valid UTF-8 (byte 0xff at " \
+        "character 3)", err
+    assert done.stdout == b""
+
+
+def test_longest_blanks_the_positions_allow_fill(checkpoint):
+    """31 new tokens per blank on 32 positions, two blanks (the second prefill feeds the first span's last
+    token at block position 32): fills without an IndexError."""
+    out, _ = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "31", "--min-new-tokens", "31",
+                  "x [MASK] y [MASK]"])
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert [len(span) for span in record["generated_ids"]] == [31, 31]
+
+
+def test_temperature_0_is_greedy(checkpoint):
+    args = cli.build_parser().parse_args(["--model", "m", "--do-sample", "--temperature", "0", "--top-k", "5", "a"])
+    kwargs = cli.generate_kwargs(args)
+    assert kwargs["do_sample"] is False and not {"temperature", "top_k", "top_p"} & kwargs.keys()
+    greedy, _ = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "6", "the cat [MASK] sat"])
+    zero, _ = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "6", "--do-sample", "--temperature", "0",
+                   "--seed", "3", "the cat [MASK] sat"])
+    assert zero == greedy
+
+
+def test_marked_form_shows_no_pad(checkpoint):
+    """BERT's vocabulary has eos = [PAD]: the prompt's closing eos is no part of the marked form."""
+    out, _ = run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "a [MASK] b", "longer one [MASK] c d"])
+    for record in map(json.loads, out.splitlines()):
+        assert "[PAD]" not in record["marked"], record["marked"]
+        assert record["marked"].startswith("[CLS] ") and record["marked"].endswith("<|endofpiece|>")

@@ -6,9 +6,7 @@ for the chat format use ``glm-chat`` or ``model.chat``.
 
 from __future__ import annotations
 
-import torch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, None: None}
+from glm_port.dtypes import parse_dtype
 
 
 def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
@@ -24,8 +22,8 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
         raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                          f"padded_vocab_size ({config.padded_vocab_size})")
     if tensor_parallel is None:
-        return load_pretrained(path, dtype=DTYPES[dtype], device=device or "cpu"), tokenizer
-    return load_split(path, config, DTYPES[dtype], device or "cpu"), tokenizer
+        return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
+    return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer
 
 
 def load_split(path, config, dtype=None, device="cpu"):
@@ -47,15 +45,22 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, 
     eos, pad = model.config.eos_token_id, model.config.pad_token_id
     generate_kwargs.setdefault("eos_token_id", eos)
     generate_kwargs.setdefault("pad_token_id", pad)
-    results = []
-    for start in range(0, len(prompts), batch_size):
+    batches, limit = [], model.config.seq_length
+    for start in range(0, len(prompts), batch_size):  # every batch checked before any is generated
         batch = prompts[start:start + batch_size]
-        inputs = tokenizer(batch, return_tensors="pt", padding=True).to(model.device)
+        inputs = tokenizer(batch, return_tensors="pt", padding=True)
         length = inputs["input_ids"].shape[1]
-        if length + 1 > model.config.seq_length:
-            raise ValueError(f"prompt of {length} tokens does not fit the model's seq_length ({model.config.seq_length})")
-        output = model.generate(**inputs, max_new_tokens=min(max_new_tokens, model.config.seq_length - length),
-                                **generate_kwargs)
+        if length + 1 > limit:
+            raise ValueError(f"prompt of {length} tokens does not fit the model's seq_length ({limit})")
+        room = limit - length  # max_new_tokens is cut to it, as THUDM's chat cuts max_length to seq_length
+        if generate_kwargs.get("min_new_tokens", 0) > room:
+            raise ValueError(f"min_new_tokens {generate_kwargs['min_new_tokens']}: a prompt of {length} tokens leaves "
+                             f"room for {room} new tokens in the model's seq_length ({limit})")
+        batches.append((batch, inputs, length, room))
+    results = []
+    for batch, inputs, length, room in batches:
+        inputs = inputs.to(model.device)
+        output = model.generate(**inputs, max_new_tokens=min(max_new_tokens, room), **generate_kwargs)
         per_prompt = output.shape[0] // len(batch)
         for row, sequence in enumerate(output.tolist()):
             prompt = batch[row // per_prompt]

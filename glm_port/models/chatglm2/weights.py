@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from glm_port.checkpoint_io import load_file
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from shim.nn.tensor_parallel import section_part, sections_whole
 
@@ -59,8 +60,12 @@ def read_config(directory, expected=MODEL_TYPES) -> ChatGLM2Config:
             f"{Path(directory) / 'config.json'}: model_type {model_type!r} is not a ChatGLM2-family model "
             f"(expected {' or '.join(map(repr, expected))})"
         )
-    config = ChatGLM2Config.from_pretrained(directory)
-    config.check_supported()
+    try:  # a field this port does not run (quantization_bit, pre_seq_len...) or a value out of range: one line
+        config = ChatGLM2Config.from_pretrained(directory)
+        config.check_supported()
+    except (ValueError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{Path(directory) / 'config.json'}: {reason}") from None
     return config
 
 
@@ -346,7 +351,7 @@ class ShardSource:
     @staticmethod
     def _read(path: Path) -> dict:
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            checkpoint = load_file(path, weights_only=True, mmap=True)
         except Exception as error:  # torch raises many kinds for a damaged file
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None

@@ -48,6 +48,11 @@ def fill_blanks(model, tokenizer: GLMTokenizer, texts: list[str], *, max_new_tok
         if limit is not None and len(ids) + 1 > limit:
             raise ValueError(f"prompt of {len(ids) + 1} tokens (with sop) is longer than the model's {limit} "
                              f"positions: {text[:50]!r}")
+    if limit is not None and getattr(model.config, "block_position_encoding", True) and max_new_tokens + 1 > limit:
+        # a blank's sop and tokens take block positions 1..max_new_tokens + 1 (upstream does not cut them short)
+        raise ValueError(f"max_new_tokens {max_new_tokens}: a blank's tokens take block positions "
+                         f"1..{max_new_tokens + 1}, past the model's {limit} positions (at most {limit - 1} new "
+                         f"tokens per blank)")
     blank_counts = [sum(1 for i in ids if i in tokenizer.mask_token_ids) for ids in encoded]
     returns = generate_kwargs.get("num_return_sequences", 1)
     if returns > 1 and max(blank_counts) > 1:
@@ -125,7 +130,8 @@ def _fill_one(model, tokenizer, text, prompt_ids, max_new_tokens, kwargs) -> Fil
 
 
 def _finish(tokenizer: GLMTokenizer, text, prompt_ids, spans, sequence: int = 0) -> Filled:
-    marked = list(prompt_ids)
+    # the prompt's closing eos is left out: it is [PAD] in BERT's vocabulary (pad = eos), and no part of the text
+    marked = [i for i in prompt_ids if i != tokenizer.eos_token_id]
     for span in spans:
         marked += [tokenizer.sop_token_id, *span, tokenizer.eop_token_id]
     plain, queue = [], list(spans)

@@ -37,6 +37,8 @@ from typing import Callable, Iterator
 import shim as torch
 
 from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
+from glm_port.checkpoint_io import load_file
+from glm_port.dtypes import parse_dtype
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -201,7 +203,7 @@ def _check_rank_count(source: WeightSource, directory: Path) -> None:
     from glm_port.checkpoint_io import model_file_name
 
     try:
-        checkpoint = torch.load(source.files[0], map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = load_file(source.files[0], weights_only=True, mmap=True)
     except Exception:  # upstream's pickles of numpy state: nothing to compare with (no config either)
         return
     if not isinstance(checkpoint, dict) or "mp_world_size" in checkpoint:
@@ -228,7 +230,7 @@ def _torch_load(path: Path) -> dict:
                    {"mmap": True, "weights_only": False}, {"weights_only": False}):
         try:
             # Upstream's files pickle numpy RNG state: like upstream, a checkpoint you load is trusted.
-            return torch.load(path, map_location="cpu", **kwargs)
+            return load_file(path, **kwargs)
         except errors as error:
             last = error
     reason = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
@@ -524,13 +526,7 @@ def _copy_local(model, qualified: str, tensor) -> None:
 
 
 def _dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; choose fp32, bf16 or fp16")
-    return names[dtype]
+    return parse_dtype(dtype)  # either spelling (glm_port.dtypes)
 
 
 # ---- writing (tests, benches, conversion) ----------------------------------------------------------

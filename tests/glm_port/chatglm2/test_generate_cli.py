@@ -56,3 +56,21 @@ def test_glm_generate_bad_input_exits_2(tmp_path, capsys):
         generate_main(["--model", str(tmp_path), "hello"])
     assert exc.value.code == 2
     assert "no weights" in capsys.readouterr().err
+
+
+def test_min_new_tokens_past_seq_length_is_refused_before_generating(model_dir, capsys, monkeypatch):
+    """max_new_tokens is cut to what fits seq_length (as THUDM's chat cuts max_length); a min_new_tokens
+    that cannot fit is one line, exit 2, and nothing is generated."""
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
+    calls = []
+    monkeypatch.setattr(ChatGLM2ForCausalLM, "generate", lambda self, *a, **k: calls.append(k))
+    with pytest.raises(SystemExit) as exc:
+        generate_main(["--model", str(model_dir), "--max-new-tokens", "8", "--batch-size", "1", "short", "你好，晚上好" * 200])
+    assert exc.value.code == 2 and calls == []
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("glm-generate: error: ") and "does not fit the model's seq_length (512)" in err, err
+    with pytest.raises(SystemExit):
+        generate_main(["--model", str(model_dir), "--max-new-tokens", "600", "--min-new-tokens", "600", "hello"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "min_new_tokens 600: a prompt of" in err and "seq_length (512)" in err and calls == [], err
