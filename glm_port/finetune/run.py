@@ -253,9 +253,30 @@ def setup(args) -> Session:
     binding = _binding(args)
     embedded = args.model_name_or_path is None or args.model_name_or_path in _embedded()
     source = None if embedded else Path(args.model_name_or_path).expanduser()
-    base, tokenizer = binding.load(source, env.device, args.recompute)
+    tokenizer_path = Path(args.tokenizer_name_or_path).expanduser() if args.tokenizer_name_or_path else None
+    if tokenizer_path is not None and not tokenizer_path.exists():
+        raise FinetuneError(f"--tokenizer_name_or_path {tokenizer_path}: no such file or directory")
+    try:
+        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path)
+    except FileNotFoundError as error:  # no vocabulary recorded beside the weights
+        if tokenizer_path is not None:
+            raise
+        raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
+    _fit_lengths(args, binding, base, env.is_main)
     model = _apply_lora(args, base) if args.lora or args.lora_path else base
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source)
+
+
+def _fit_lengths(args, binding, model, verbose: bool) -> None:
+    """--src_length / --tgt_length cut to the model's positions (as transformers' run_clm cuts its block_size
+    to the model's maximum), said in one line, before any data is read."""
+    src, tgt = binding.fit_lengths(model, args.src_length, args.tgt_length)
+    if (src, tgt) != (args.src_length, args.tgt_length) and verbose:
+        print(f" > --src_length {args.src_length} / --tgt_length {args.tgt_length} exceed the model's positions: "
+              f"sources cut to {src} tokens, targets to {tgt}", flush=True)
+    if src < 4:
+        raise FinetuneError(f"the model's positions leave {src} tokens for the source; it needs at least 4")
+    args.src_length, args.tgt_length = src, tgt
 
 
 def train(args, session: Session, train_samples, eval_data) -> int:
@@ -365,8 +386,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if toy:
             args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
-            print(f"{PROG}: no model or data given: a small GLM learns the embedded task (reverse a phrase's words) "
-                  f"in {output_dir}/", flush=True)
+            model = args.model_name_or_path or "a small GLM"
+            print(f"{PROG}: no data given (--train_file, --eval_file, --test_file) and nothing to do named "
+                  f"(--do_train, --do_predict): {model} (random weights) learns the embedded task (reverse a "
+                  f"phrase's words) in {output_dir}/", flush=True)
         _check_inputs(args)
         session = setup(args)
         output_dir.mkdir(parents=True, exist_ok=True)
