@@ -469,3 +469,34 @@ def test_an_embedded_model_without_data_says_so(tmp_path, capsys, monkeypatch):
     assert "no model or data given" not in out
     assert "glm-finetune: no data given (--train_file, --eval_file, --test_file)" in out
     assert "chatglm2-tiny (random weights) learns the embedded task" in out
+
+
+def test_evaluation_search_flags_reach_generate(tmp_path, monkeypatch, capsys):
+    """--length_penalty, --num_beams, --no_repeat_ngram_size, --min_tgt_length (and with --select_topk:
+    --top_k/--top_p/--temperature) arrive in generate's arguments during evaluation and prediction."""
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    base = _glm_directory(tmp_path / "base")
+    data = str(_pairs_file(tmp_path / "t.json", count=3))
+    common = ["--model_name_or_path", str(base), "--eval_file", data, "--test_file", data, "--do_eval",
+              "--do_predict", "--src_length", "16", "--tgt_length", "5"]
+    _run([*common, "--num_beams", "3", "--length_penalty", "0.37", "--no_repeat_ngram_size", "2",
+          "--min_tgt_length", "1", "--output_dir", str(tmp_path / "a")], capsys)
+    assert len(calls) == 2 and all(c.get("length_penalty") == 0.37 and c.get("num_beams") == 3 and
+                                   c.get("no_repeat_ngram_size") == 2 and c.get("min_new_tokens") == 1 and
+                                   c.get("max_new_tokens") == 5 for c in calls), calls
+    calls.clear()
+    _run([*common, "--select_topk", "--top_k", "7", "--top_p", "0.61", "--temperature", "0.83",
+          "--output_dir", str(tmp_path / "b")], capsys)
+    assert len(calls) == 2 and all(c.get("do_sample") is True and c.get("top_k") == 7 and c.get("top_p") == 0.61
+                                   and c.get("temperature") == 0.83 for c in calls), calls

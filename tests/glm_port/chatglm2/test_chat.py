@@ -123,3 +123,26 @@ def test_replies_end_at_the_stop_token(format_, stop, tiny):
     samples = finetune.encode(tok, [Pair("晚上好", ""), Pair("你好", "")], 32, 8, with_targets=False)
     search = dict(max_new_tokens=8, num_beams=1, do_sample=False, logits_processor=script)
     assert finetune.generate(model, tok, samples, search, 2, "cpu") == [expected, expected]
+
+
+def test_glm_chat_sampling_flags_reach_generate(monkeypatch, capsys):
+    """glm-chat's --top-p and --temperature arrive in generate's arguments; --greedy turns sampling off."""
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    assert chat_main(["--max-new-tokens", "2", "--top-p", "0.37", "--temperature", "0.55", "--seed", "0",
+                      "--device", "cpu", "--prompt", "你好"]) in (0, None)
+    assert calls and all(c.get("top_p") == 0.37 and c.get("temperature") == 0.55 and c.get("do_sample", True)
+                         and c.get("max_new_tokens") == 2 for c in calls), calls
+    calls.clear()
+    chat_main(["--max-new-tokens", "2", "--greedy", "--device", "cpu", "--prompt", "你好"])
+    assert calls and all(c.get("do_sample") is False for c in calls), calls
