@@ -74,6 +74,7 @@ class Session:
     tokenizer: object
     output_dir: Path
     source: Path | None  # the directory the weights came from (None: embedded)
+    tokenizer_source: Path | None = None  # where the tokenizer's files are (--tokenizer_name_or_path, or source)
 
 
 # ---- model -------------------------------------------------------------------------------------------
@@ -264,7 +265,8 @@ def setup(args) -> Session:
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
     model = _apply_lora(args, base) if args.lora or args.lora_path else base
-    return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source)
+    return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
+                   tokenizer_path or source)
 
 
 def _fit_lengths(args, binding, model, verbose: bool) -> None:
@@ -317,7 +319,7 @@ def train(args, session: Session, train_samples, eval_data) -> int:
                         scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
                         writer=env.dp_rank == 0)
         if env.is_main and not (checkpoints / "tokenizer_config.json").is_file():  # so glm-merge / the loaders
-            session.binding.save_tokenizer(session.tokenizer, checkpoints, session.source)  # read them alone
+            session.binding.save_tokenizer(session.tokenizer, checkpoints, session.tokenizer_source)  # read them alone
 
     def periodic_eval(step: int) -> None:
         scores, predictions = evaluate(session, args, *eval_data)  # every rank: the model is split over them
@@ -357,26 +359,26 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
             save_checkpoint(base_dir, step, weights, config=session.config, save_rng=False, tp_rank=env.tp_rank,
                             writer=env.dp_rank == 0)
             if env.is_main:
-                binding.save_tokenizer(session.tokenizer, base_dir, session.source)
+                binding.save_tokenizer(session.tokenizer, base_dir, session.tokenizer_source)
         if env.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(str(directory), **({} if adapter is None else {"state_dict": adapter}))
             if keep_base and env.tp_size == 1:  # a copy without PEFT's layers (its names are the base's)
                 import copy
 
-                binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, None)
+                binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, session.tokenizer_source)
         return
     if env.tp_size > 1:
         save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
                         tp_rank=env.tp_rank, writer=env.dp_rank == 0)
         if env.is_main:
-            binding.save_tokenizer(session.tokenizer, directory, session.source)
+            binding.save_tokenizer(session.tokenizer, directory, session.tokenizer_source)
         return
     if not env.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
-    binding.save(merged, session.tokenizer, directory, session.source)
+    binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -382,13 +382,18 @@ def _pretrain(save, *extra):
               "--batch-size", "2", "--train-iters", "2", "--eval-iters", "0", "--save", str(save), *extra])
 
 
+def _wordpiece_vocab(directory):
+    vocab = directory / "tiny-cased-vocab.txt"
+    vocab.parent.mkdir(exist_ok=True)
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+                                "the", "of", "and", "##s", "##ing", "W", "w0", "w1", "w2"]) + "\n")
+    return vocab
+
+
 def test_a_glm_pretrain_checkpoint_finetunes_with_the_tokenizer_it_recorded(tmp_path, capsys):
     """glm-pretrain --save records its tokenizer (type + a copy of the vocabulary), so the checkpoint
     finetunes alone, even once the vocabulary it was trained from is gone."""
-    vocab = tmp_path / "vocab" / "tiny-cased-vocab.txt"
-    vocab.parent.mkdir()
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
-                                "the", "of", "and", "##s", "##ing", "W", "w0", "w1", "w2"]) + "\n")
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
     _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
     assert (tmp_path / "ckpt" / vocab.name).read_bytes() == vocab.read_bytes()
     from glm_port.data import get_tokenizer
@@ -406,8 +411,15 @@ def test_a_glm_pretrain_checkpoint_finetunes_with_the_tokenizer_it_recorded(tmp_
 
 
 def test_a_checkpoint_without_a_tokenizer_names_the_flag_and_takes_one(tmp_path, capsys):
-    _pretrain(tmp_path / "ckpt")
-    (tmp_path / "ckpt" / "tokenizer_config.json").unlink()  # as glm-pretrain wrote checkpoints before
+    """A checkpoint with no tokenizer recorded: one line naming --tokenizer_name_or_path; with it (a vocabulary
+    file) the run trains and its model directory records that vocabulary."""
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
+    for name in ("tokenizer_config.json", vocab.name):  # as glm-pretrain wrote checkpoints before
+        (tmp_path / "ckpt" / name).unlink()
     argv = ["--model_name_or_path", str(tmp_path / "ckpt"), "--train_file", str(_pairs_file(tmp_path / "t.json")),
             "--do_train", "--max_steps", "1", "--logging_steps", "1", "--src_length", "16", "--tgt_length", "8"]
     capsys.readouterr()
@@ -416,9 +428,12 @@ def test_a_checkpoint_without_a_tokenizer_names_the_flag_and_takes_one(tmp_path,
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no GLM vocabulary in" in err[0] and "--tokenizer_name_or_path" in err[0], err
-    tokenizer = _glm_directory(tmp_path / "hf")  # a directory recording the built-in tokenizer
-    out = _run([*argv, "--tokenizer_name", str(tokenizer), "--output_dir", str(tmp_path / "b")], capsys)
+    out = _run([*argv, "--tokenizer_name", str(vocab), "--output_dir", str(tmp_path / "b")], capsys)
     assert sorted(_losses(out)) == [1]
+    final = tmp_path / "b" / "final"
+    assert (final / vocab.name).read_bytes() == vocab.read_bytes()
+    assert GLMTokenizer.from_pretrained(final).vocab.fingerprint == get_tokenizer("BertWordPieceTokenizer",
+                                                                                  vocab).fingerprint
 
 
 def test_lengths_beyond_the_models_positions_are_cut_before_the_data_is_read(tmp_path, capsys):

@@ -106,11 +106,11 @@ def save(model: GLMModel, vocab, directory: Path, source: Path | None) -> None:
 def save_tokenizer(vocab, directory: Path, source: Path | None) -> None:
     import shutil
 
-    from glm_port.models.glm.tokenizer import tokenizer_files
-    from glm_port.models.glm.tokenizer import GLMTokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer, recorded_lowercase, tokenizer_files
 
     Path(directory).mkdir(parents=True, exist_ok=True)
-    GLMTokenizer(vocab).save_pretrained(directory)
-    for file in tokenizer_files(source) if source is not None else []:
+    source = Path(source) if source is not None else None  # the weights' directory, or the tokenizer's path
+    GLMTokenizer(vocab).save_pretrained(directory, lowercase=recorded_lowercase(source) if source else None)
+    for file in tokenizer_files(source, source) if source is not None else []:
         if not (Path(directory) / file.name).exists():
             shutil.copy2(file, Path(directory) / file.name)

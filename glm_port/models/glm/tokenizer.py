@@ -101,7 +101,7 @@ class GLMTokenizer:
             raise FileNotFoundError(f"tokenizer path does not exist: {path}")
         kind = tokenizer_type or _detect_type(path)
         # The built-in vocabulary (glm-pretrain's and glm-finetune's default) is rebuilt, not read.
-        lowercase = _recorded_lowercase(path) if kind == "BertWordPieceTokenizer" else None
+        lowercase = recorded_lowercase(path) if kind == "BertWordPieceTokenizer" else None
         vocab = vocabularies.get_tokenizer(kind, None if kind == vocabularies.DEFAULT_TOKENIZER else path,
                                            lowercase=lowercase)
         tokenizer = cls(vocab)
@@ -311,7 +311,7 @@ def _detect_type(path: Path) -> str:
                             f"or a sentencepiece .model)")
 
 
-def _recorded_lowercase(path: Path) -> bool | None:
+def recorded_lowercase(path: Path) -> bool | None:
     """``do_lower_case`` of the directory's ``tokenizer_config.json`` (None: not recorded)."""
     config = path / "tokenizer_config.json" if path.is_dir() else None
     if config is None or not config.is_file():
