@@ -515,3 +515,19 @@ def test_evaluation_search_flags_reach_generate(tmp_path, monkeypatch, capsys):
           "--output_dir", str(tmp_path / "b")], capsys)
     assert len(calls) == 2 and all(c.get("do_sample") is True and c.get("top_k") == 7 and c.get("top_p") == 0.61
                                    and c.get("temperature") == 0.83 for c in calls), calls
+
+
+def test_glm_pretrain_records_the_casing_its_model_type_chose(tmp_path):
+    """--tokenizer-model-type bert-base-chinese keeps case (upstream's rule) though the file's name has no
+    '-cased': the checkpoint's tokenizer_config.json says do_lower_case false, and reading it back keeps case."""
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = _wordpiece_vocab(tmp_path / "vocab").rename(tmp_path / "vocab" / "bert-base-chinese-vocab.txt")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path",
+              str(vocab.parent), "--tokenizer-model-type", "bert-base-chinese")
+    assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    cased = get_tokenizer("BertWordPieceTokenizer", vocab, lowercase=False)
+    read = GLMTokenizer.from_pretrained(tmp_path / "ckpt").vocab
+    assert read.fingerprint == cased.fingerprint
+    assert read.encode("W") == cased.encode("W") != get_tokenizer("BertWordPieceTokenizer", vocab).encode("W")
