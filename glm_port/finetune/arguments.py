@@ -35,9 +35,14 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
             return text
-        value = {None: "none", False: "false", True: "true", "": "none"}.get(action.default, action.default) \
-            if not isinstance(action.default, (int, float)) or isinstance(action.default, bool) else action.default
-        return f"{text} (default: {str(value).replace('%', '%%')})".lstrip()
+        default = action.default
+        if default is None or default == "":
+            value = "none"
+        elif isinstance(default, bool):
+            value = str(default).lower()
+        else:
+            value = str(default)
+        return f"{text} (default: {value.replace('%', '%%')})".lstrip()
 
 
 def build_parser() -> argparse.ArgumentParser:
