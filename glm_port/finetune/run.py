@@ -265,8 +265,9 @@ def setup(args) -> Session:
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
     model = _apply_lora(args, base) if args.lora or args.lora_path else base
+    home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
-                   tokenizer_path or source)
+                   home)
 
 
 def _fit_lengths(args, binding, model, verbose: bool) -> None:

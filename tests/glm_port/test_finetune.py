@@ -533,3 +533,16 @@ def test_glm_pretrain_records_the_casing_its_model_type_chose(tmp_path):
     read = GLMTokenizer.from_pretrained(tmp_path / "ckpt").vocab
     assert read.fingerprint == cased.fingerprint
     assert read.encode("W") == cased.encode("W") != get_tokenizer("BertWordPieceTokenizer", vocab).encode("W")
+
+
+def test_an_iteration_of_a_pretrain_checkpoint_finds_the_tokenizer_beside_its_tracker(tmp_path, capsys):
+    """--model_name_or_path SAVE/2 (or its rank file) reads the tokenizer SAVE records beside the tracker."""
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
+    data = str(_pairs_file(tmp_path / "t.json"))
+    for index, model in enumerate((tmp_path / "ckpt" / "2", tmp_path / "ckpt" / "2" / "mp_rank_00_model_states.pt")):
+        out = _run(["--model_name_or_path", str(model), "--train_file", data, "--do_train", "--max_steps", "1",
+                    "--logging_steps", "1", "--src_length", "16", "--tgt_length", "8",
+                    "--output_dir", str(tmp_path / f"out{index}")], capsys)
+        assert sorted(_losses(out)) == [1], out
+        assert (tmp_path / f"out{index}" / "final" / vocab.name).read_bytes() == vocab.read_bytes()

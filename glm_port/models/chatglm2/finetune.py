@@ -118,6 +118,13 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
     return model, tokenizer
 
 
+def tokenizer_home(path):
+    """Where the tokenizer of the model at ``path`` is: its directory (``tokenizer.model`` beside the weights)."""
+    from pathlib import Path
+
+    return Path(path)
+
+
 def fit_lengths(model, src_length: int, tgt_length: int) -> tuple[int, int]:
     """``(src_length, tgt_length)`` within ``seq_length``: a training sample is ``src + tgt + 1`` tokens, a
     prompt and its generated answer ``src + tgt``. The source gives way first (down to half the positions)."""

@@ -32,7 +32,7 @@ def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Pat
         return GLMModel(config).to(device), vocab
     from glm_port.models.glm.hf import GLMForConditionalGeneration
 
-    vocab = _tokenizer(tokenizer_path if tokenizer_path is not None else path)  # before the weights: it is quick
+    vocab = _tokenizer(tokenizer_path if tokenizer_path is not None else tokenizer_home(path))  # quick: first
     glm = GLMForConditionalGeneration.from_pretrained(path, device=device).glm
     if vocab.num_tokens > glm.config.vocab_size:
         raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
@@ -40,6 +40,22 @@ def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Pat
     if recompute:
         glm.config = glm.transformer.config = glm.config.replace(checkpoint_activations=True)
     return glm, vocab
+
+
+def tokenizer_home(path: Path) -> Path:
+    """Where the tokenizer of the weights at ``path`` is recorded: the weights' directory (a weight file's
+    directory), or, for one iteration of a glm-pretrain / glm-finetune checkpoint (``SAVE/20``, or a rank
+    file in it), the checkpoint directory above it (``SAVE``, beside the tracker) when that records one."""
+    from glm_port.checkpoint_io import RANK_FILE, TRACKERS
+
+    path = Path(path)
+    if path.is_file() and (RANK_FILE.search(path.name) or path.suffix in (".pt", ".bin", ".safetensors")):
+        path = path.parent
+    parent = path.parent
+    if not (path / "tokenizer_config.json").is_file() and (parent / "tokenizer_config.json").is_file() and \
+            any((parent / tracker).is_file() for tracker in TRACKERS):
+        return parent
+    return path
 
 
 def _tokenizer(path: Path):
