@@ -546,3 +546,25 @@ def test_an_iteration_of_a_pretrain_checkpoint_finds_the_tokenizer_beside_its_tr
                     "--output_dir", str(tmp_path / f"out{index}")], capsys)
         assert sorted(_losses(out)) == [1], out
         assert (tmp_path / f"out{index}" / "final" / vocab.name).read_bytes() == vocab.read_bytes()
+
+
+def test_a_chatglm2_directory_without_its_tokenizer_names_the_flag_and_takes_one(tmp_path, capsys):
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    (tmp_path / "base" / "tokenizer.model").rename(tmp_path / "tokenizer.model")
+    argv = ["--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10", "--max_steps", "1",
+            "--logging_steps", "1", "--do_eval", "false"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output_dir", str(tmp_path / "a")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no ChatGLM2 tokenizer in" in err[0] and "--tokenizer_name_or_path" in err[0], err
+    out = _run([*argv, "--tokenizer_name_or_path", str(tmp_path / "tokenizer.model"),
+                "--output_dir", str(tmp_path / "b")], capsys)
+    assert sorted(_losses(out)) == [1] and (tmp_path / "b" / "final" / "tokenizer.model").is_file()

@@ -104,6 +104,8 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
         from glm_port.distributed import tensor_parallel_size
 
         if tokenizer_path is None:
+            if not (Path(path) / "tokenizer.model").is_file():
+                raise FileNotFoundError(f"no ChatGLM2 tokenizer in {path} (expected tokenizer.model)")
             tokenizer = load_tokenizer(path)
         if tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as THUDM's)
             from glm_port.models.chatglm2.generation import load_split
