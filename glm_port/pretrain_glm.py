@@ -134,6 +134,7 @@ class Run:
     writer: object = None
     name: str = ""
     notes: list[str] = field(default_factory=list)
+    tokenizer: object = None  # recorded beside the checkpoints (record_tokenizer)
 
 
 def masker_kwargs(args, tokenizer) -> dict:
@@ -248,7 +249,7 @@ def setup(args) -> Run:
         batches, valid, test = build_data(args, tokenizer, env, iteration, notes)
     writer = summary_writer(args, name, iteration) if args.summary_dir and env.is_main else None
     return Run(env, config, model, optimizer, scheduler, precision, batches, iteration, valid, test, writer, name,
-               notes)
+               notes, tokenizer)
 
 
 def evaluate(args, run: Run, batches: Iterator[dict]) -> float:
@@ -326,7 +327,30 @@ def save(args, run: Run) -> None:
         tp_rank=run.env.tp_rank, writer=run.env.dp_rank == 0,
     )
     if run.env.is_main:
+        record_tokenizer(args, run.tokenizer, args.save)
         print(f" saved checkpoint at iteration {run.iteration:7d} to {path}", flush=True)
+
+
+def record_tokenizer(args, tokenizer, directory) -> None:
+    """The run's tokenizer beside its checkpoints, as ``save_pretrained`` records one, so glm-finetune,
+    glm-generate and glm-merge read the directory alone: ``tokenizer_config.json`` naming the type (with
+    ``do_lower_case`` when --tokenizer-model-type set it) and a copy of the vocabulary files."""
+    import filecmp
+    import shutil
+    from pathlib import Path
+
+    from glm_port.models.glm.tokenizer import GLMTokenizer, tokenizer_files
+
+    directory = Path(directory)
+    if args.tokenizer_path is not None:
+        for file in tokenizer_files(directory, Path(args.tokenizer_path).expanduser()):
+            target = directory / file.name
+            if file.name == "tokenizer_config.json" or target.is_file() and filecmp.cmp(file, target, shallow=False):
+                continue
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            shutil.copyfile(file, tmp)
+            os.replace(tmp, target)
+    GLMTokenizer(tokenizer).save_pretrained(directory, lowercase=args.tokenizer_lowercase)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,17 +27,36 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default (argparse's ArgumentDefaultsHelpFormatter, with ``none`` and
+    ``false`` spelled as a user types them), unless the help already says what the default does."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
+            return text
+        default = action.default
+        if default is None or default == "":
+            value = "none"
+        elif isinstance(default, bool):
+            value = str(default).lower()
+        else:
+            value = str(default)
+        return f"{text} (default: {value.replace('%', '%%')})".lstrip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm-finetune",
+        formatter_class=_DefaultsFormatter,
         description="Finetune a GLM for generation (full or LoRA), evaluate with beam search and ROUGE/BLEU. "
         "With no arguments: a small GLM learns an embedded toy task on CPU and shows its scores rising.",
         epilog="Boolean flags take PaddleNLP's forms too: '--do_train', '--do_train true', '--lora 1'.",
     )
     groups = []  # flags go into the group opened last, so --help lists them by section
 
-    def flag(name, **kw):
-        groups[-1].add_argument(name, **kw)
+    def flag(*names, **kw):
+        groups[-1].add_argument(*names, **kw)
 
     def switch(name, help):
         groups[-1].add_argument(name, nargs="?", const=True, default=False, type=_bool, help=help)
@@ -45,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     groups.append(parser.add_argument_group("model and data"))
     flag("--model_name_or_path", default=None, help="a Hugging Face GLM directory, a glm-pretrain --save directory, "
          "or upstream mp_rank_XX files; default: a small random GLM for the embedded task")
+    flag("--tokenizer_name_or_path", "--tokenizer_name", default=None,
+         help="the tokenizer: a directory or vocabulary file (GLM: vocab.txt, vocab.json + merges.txt, a "
+         "sentencepiece .model, or tokenizer_config.json naming the type; ChatGLM2: tokenizer.model); "
+         "default: the one recorded with the model (Hugging Face, glm-pretrain --save and glm-finetune "
+         "directories record theirs)")
     flag("--lora_path", default=None, help="a PEFT LoRA adapter directory to apply to the model (eval / predict)")
     flag("--train_file", default=None, help="training samples: JSON lines or a JSON list")
     flag("--eval_file", default=None, help="evaluation samples (same format)")
@@ -54,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
          "(PaddleNLP's question-generation prompt), adgen (content -> summary), belle (instruction/input -> output)")
     flag("--source_field", default="source", help="the source field of the plain layout")
     flag("--target_field", default="target", help="the target field of the plain layout")
-    flag("--src_length", type=int, default=608, help="tokens of the source, [CLS]/[gMASK]/[eos] included (cut beyond)")
-    flag("--tgt_length", type=int, default=160, help="tokens of the target, sop/eop included (cut beyond, counted)")
+    flag("--src_length", type=int, default=608, help="tokens of the source, [CLS]/[gMASK]/[eos] included (cut "
+         "beyond; lowered to fit the model's positions)")
+    flag("--tgt_length", type=int, default=160, help="tokens of the target, sop/eop included (cut beyond, counted; lowered to "
+         "fit the model's positions)")
     flag("--output_dir", default="./glm-finetune-out", help="checkpoints, adapters, predictions and metrics")
 
     groups.append(parser.add_argument_group("training"))
@@ -70,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--learning_rate", type=float, default=5e-5, help="peak AdamW learning rate (the embedded run: 2e-3)")
     flag("--warmup_ratio", type=float, default=0.0, help="share of the steps with a linear warmup")
     flag("--weight_decay", type=float, default=0.0, help="AdamW weight decay (none on biases and norms)")
-    flag("--lr_scheduler_type", default="linear", choices=("linear", "cosine", "constant"))
+    flag("--lr_scheduler_type", default="linear", choices=("linear", "cosine", "constant"),
+         help="learning rate decay after the warmup")
     flag("--max_grad_norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
     flag("--label_smoothing", type=float, default=0.0, help="label smoothing of the target-token cross entropy")
     flag("--logging_steps", type=int, default=10, help="steps per log line (upstream GLM's line)")

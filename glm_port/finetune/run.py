@@ -76,6 +76,7 @@ class Session:
     tokenizer: object
     output_dir: Path
     source: Path | None  # the directory the weights came from (None: embedded)
+    tokenizer_source: Path | None = None  # where the tokenizer's files are (--tokenizer_name_or_path, or source)
 
 
 # ---- model -------------------------------------------------------------------------------------------
@@ -252,7 +253,8 @@ def _check_outputs(args, toy: bool) -> None:
     (``outputs.check_apart``), and must be writable: checked before anything is loaded or written."""
     out = Path(args.output_dir)
     model = args.model_name_or_path if args.model_name_or_path not in (None, *_embedded()) else None
-    inputs = [("--model_name_or_path", model), ("--lora_path", args.lora_path)]
+    inputs = [("--model_name_or_path", model), ("--lora_path", args.lora_path),
+              ("--tokenizer_name_or_path", args.tokenizer_name_or_path)]
     if not toy:  # the embedded task is written by this run, in --output_dir/toy_task
         inputs += [("--train_file", args.train_file), ("--eval_file", args.eval_file), ("--test_file", args.test_file)]
     check_directory_output(out, "--output_dir")
@@ -285,9 +287,32 @@ def setup(args) -> Session:
     binding = _binding(args)
     embedded = args.model_name_or_path is None or args.model_name_or_path in _embedded()
     source = None if embedded else Path(args.model_name_or_path).expanduser()
-    base, tokenizer = binding.load(source, env.device, args.recompute)
+    tokenizer_path = Path(args.tokenizer_name_or_path).expanduser() if args.tokenizer_name_or_path else None
+    if tokenizer_path is not None and not tokenizer_path.exists():
+        raise FinetuneError(f"--tokenizer_name_or_path {tokenizer_path}: no such file or directory")
+    try:
+        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path)
+    except FileNotFoundError as error:  # no vocabulary recorded beside the weights
+        if tokenizer_path is not None:
+            raise
+        raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
+    _fit_lengths(args, binding, base, env.is_main)
     model = _apply_lora(args, base) if args.lora or args.lora_path else base
-    return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source)
+    home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
+    return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
+                   home)
+
+
+def _fit_lengths(args, binding, model, verbose: bool) -> None:
+    """--src_length / --tgt_length cut to the model's positions (as transformers' run_clm cuts its block_size
+    to the model's maximum), said in one line, before any data is read."""
+    src, tgt = binding.fit_lengths(model, args.src_length, args.tgt_length)
+    if (src, tgt) != (args.src_length, args.tgt_length) and verbose:
+        print(f" > --src_length {args.src_length} / --tgt_length {args.tgt_length} exceed the model's positions: "
+              f"sources cut to {src} tokens, targets to {tgt}", flush=True)
+    if src < 4:
+        raise FinetuneError(f"the model's positions leave {src} tokens for the source; it needs at least 4")
+    args.src_length, args.tgt_length = src, tgt
 
 
 def train(args, session: Session, train_samples, eval_data) -> int:
@@ -328,7 +353,7 @@ def train(args, session: Session, train_samples, eval_data) -> int:
                         scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
                         writer=env.dp_rank == 0)
         if env.is_main and not (checkpoints / "tokenizer_config.json").is_file():  # so glm-merge / the loaders
-            session.binding.save_tokenizer(session.tokenizer, checkpoints, session.source)  # read them alone
+            session.binding.save_tokenizer(session.tokenizer, checkpoints, session.tokenizer_source)  # read them alone
 
     def periodic_eval(step: int) -> None:
         scores, predictions = evaluate(session, args, *eval_data)  # every rank: the model is split over them
@@ -368,7 +393,7 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
             save_checkpoint(base_dir, step, weights, config=session.config, save_rng=False, tp_rank=env.tp_rank,
                             writer=env.dp_rank == 0)
             if env.is_main:
-                binding.save_tokenizer(session.tokenizer, base_dir, session.source)
+                binding.save_tokenizer(session.tokenizer, base_dir, session.tokenizer_source)
         base_path = (session.source if session.source is not None else base_dir).resolve()
         if env.is_main:
             directory.mkdir(parents=True, exist_ok=True)
@@ -380,7 +405,7 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
             if keep_base and env.tp_size == 1:  # a copy without PEFT's layers (its names are the base's)
                 import copy
 
-                binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, None)
+                binding.save(copy.deepcopy(model).unload(), session.tokenizer, base_dir, session.tokenizer_source)
             follow_umask(directory)  # safetensors writes its files 0600: the umask's modes, as every other file
             if keep_base and env.tp_size == 1:
                 follow_umask(base_dir)
@@ -389,13 +414,13 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
         save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
                         tp_rank=env.tp_rank, writer=env.dp_rank == 0)
         if env.is_main:
-            binding.save_tokenizer(session.tokenizer, directory, session.source)
+            binding.save_tokenizer(session.tokenizer, directory, session.tokenizer_source)
         return
     if not env.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
-    binding.save(merged, session.tokenizer, directory, session.source)
+    binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
     follow_umask(directory)
 
 
@@ -407,8 +432,10 @@ def main(argv: list[str] | None = None) -> None:
         _check_outputs(args, toy)
         if toy:
             args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
-            print(f"{PROG}: no model or data given: a small GLM learns the embedded task (reverse a phrase's words) "
-                  f"in {output_dir}/", flush=True)
+            model = args.model_name_or_path or "a small GLM"
+            print(f"{PROG}: no data given (--train_file, --eval_file, --test_file) and nothing to do named "
+                  f"(--do_train, --do_predict): {model} (random weights) learns the embedded task (reverse a "
+                  f"phrase's words) in {output_dir}/", flush=True)
         _check_inputs(args)
         session = setup(args)
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,33 @@ def check_glm_generate_loads_split_weights(tp=2):
     assert [r["generated_ids"] for r in ours] == [r["generated_ids"] for r in reference]
 
 
+def check_split_weights_load_in_the_dtype_asked():
+    """glm-generate's loader at tensor parallel 2 with dtype "bf16": every rank's slices are bf16."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    from glm_port.generation.parallel import ModelParallel
+    from glm_port.models.chatglm2 import generation
+    from glm_port.models.chatglm2.tiny import build_tiny
+    from glm_port.models.chatglm2.weights import save_sharded
+
+    whole, tok = build_tiny()
+    directory = tempfile.mkdtemp(prefix=f"chatglm2-tp-bf16-{dist.get_rank()}-")
+    save_sharded(dict(whole.state_dict()), directory, shards=2, fmt="safetensors")
+    whole.config.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    sdist.setup_dist_util(tensor_parallel_size=2)
+    try:
+        split, _ = generation.load(directory, dtype="bf16", device="cpu", tensor_parallel=ModelParallel(2, dist.get_rank()))
+    finally:
+        sdist.reset_dist_util()
+        shutil.rmtree(directory, ignore_errors=True)
+    dtypes = {name: p.to_local().dtype if hasattr(p, "device_mesh") else p.dtype for name, p in split.named_parameters()}
+    assert set(dtypes.values()) == {torch.bfloat16}, dtypes
+
+
 CHECKS = {name: check for name, check in globals().items() if name.startswith("check_")}
 
 

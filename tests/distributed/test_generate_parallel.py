@@ -119,6 +119,30 @@ def check_tensor_parallel_logits():
         sdist.reset_dist_util()
 
 
+def check_tensor_parallel_loads_in_the_dtype_asked():
+    """dtype="bf16" at tensor parallel 2: every rank's slices are bf16 (not left in the file's fp32), and the
+    logits are one bf16 process's within bf16's rounding."""
+    import shim.distributed as sdist
+    from glm_port.generation.parallel import ModelParallel
+
+    layout = sdist.setup_dist_util(tensor_parallel_size=2)
+    try:
+        model = GLMForConditionalGeneration.from_pretrained(
+            WORK / "hf", dtype="bf16", tensor_parallel=ModelParallel(2, layout.tensor_parallel_rank))
+        dtypes = {name: p.to_local().dtype if hasattr(p, "device_mesh") else p.dtype
+                  for name, p in model.named_parameters()}
+        assert set(dtypes.values()) == {torch.bfloat16}, dtypes
+        with torch.no_grad():
+            logits = model(EXPECTED["ids"], attention_mask=torch.tensor([5, 7])).logits
+        assert logits.dtype == torch.bfloat16
+    finally:
+        sdist.reset_dist_util()
+    with torch.no_grad():  # one process in bf16: the same within bf16's rounding (sums split over two ranks)
+        alone = GLMForConditionalGeneration.from_pretrained(WORK / "hf", dtype="bf16")(
+            EXPECTED["ids"], attention_mask=torch.tensor([5, 7])).logits.float()
+    assert (logits.float() - alone).abs().max() < 0.05 * alone.abs().max()
+
+
 def check_heads_that_do_not_split_are_one_line_exit_2():
     import contextlib
 

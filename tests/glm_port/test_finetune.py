@@ -326,3 +326,245 @@ def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
     assert sample.text.tolist() == prompt + answer + [tokenizer.eos_token_id]
     counted = sample.target[sample.loss_mask == 1].tolist()
     assert counted == answer + [tokenizer.eos_token_id]  # each counted position predicts the next token
+
+
+# ---- full finetunes of GLM directories, glm-pretrain checkpoints, position limits (issue 26) ---------------
+
+
+def _glm_directory(path, max_sequence_length=64):
+    """A random GLM saved as a Hugging Face directory with its (built-in) tokenizer recorded."""
+    from glm_port import GLMConfig, GLMForConditionalGeneration
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.hf import GLMPretrainedConfig
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = get_tokenizer()
+    config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=1, hidden_size=32, num_attention_heads=2,
+                       max_sequence_length=max_sequence_length)
+    torch.manual_seed(0)
+    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(config)).save_pretrained(path)
+    GLMTokenizer(vocab).save_pretrained(path)
+    return path
+
+
+def _pairs_file(path, source_words=4, count=8):
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(count):
+            words = [f"w{(i + k) % 7}" for k in range(source_words)]
+            f.write(json.dumps({"source": " ".join(words), "target": " ".join(reversed(words[:4]))}) + "\n")
+    return path
+
+
+def test_a_glm_directory_full_finetunes_every_weight(tmp_path, capsys):
+    """from_pretrained's weights are trainable: a full finetune of a GLM directory trains all of them (it
+    used to print 'trainable parameters: 0' and die in the optimizer)."""
+    from safetensors.torch import load_file
+
+    base = _glm_directory(tmp_path / "base")
+    out = _run(["--model_name_or_path", str(base), "--train_file", str(_pairs_file(tmp_path / "t.json")),
+                "--do_train", "--max_steps", "3", "--logging_steps", "1", "--learning_rate", "1e-2",
+                "--src_length", "16", "--tgt_length", "8", "--output_dir", str(tmp_path / "out")], capsys)
+    total = re.search(r"trainable parameters: ([\d,]+) of ([\d,]+) \(100\.000%\)", out)
+    assert total and total[1] == total[2], out
+    losses = _losses(out)
+    assert sorted(losses) == [1, 2, 3] and losses[3] != losses[1]
+    before, after = load_file(base / "model.safetensors"), load_file(tmp_path / "out" / "final" / "model.safetensors")
+    strip = lambda name: name.removeprefix("glm.")  # noqa: E731
+    after = {strip(k): v for k, v in after.items()}
+    moved = [k for k, v in before.items() if not torch.equal(v, after[strip(k)])]
+    assert len(moved) == len(before), sorted(set(map(strip, before)) - set(map(strip, moved)))
+
+
+def _pretrain(save, *extra):
+    from glm_port.pretrain_glm import main as pretrain
+
+    pretrain(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+              "--batch-size", "2", "--train-iters", "2", "--eval-iters", "0", "--save", str(save), *extra])
+
+
+def _wordpiece_vocab(directory):
+    vocab = directory / "tiny-cased-vocab.txt"
+    vocab.parent.mkdir(exist_ok=True)
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+                                "the", "of", "and", "##s", "##ing", "W", "w0", "w1", "w2"]) + "\n")
+    return vocab
+
+
+def test_a_glm_pretrain_checkpoint_finetunes_with_the_tokenizer_it_recorded(tmp_path, capsys):
+    """glm-pretrain --save records its tokenizer (type + a copy of the vocabulary), so the checkpoint
+    finetunes alone, even once the vocabulary it was trained from is gone."""
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
+    assert (tmp_path / "ckpt" / vocab.name).read_bytes() == vocab.read_bytes()
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    trained_with = get_tokenizer("BertWordPieceTokenizer", vocab).fingerprint
+    vocab.unlink()
+    assert GLMTokenizer.from_pretrained(tmp_path / "ckpt").vocab.fingerprint == trained_with  # cased, as trained
+    capsys.readouterr()
+    out = _run(["--model_name_or_path", str(tmp_path / "ckpt"), "--train_file", str(_pairs_file(tmp_path / "t.json")),
+                "--do_train", "--max_steps", "2", "--logging_steps", "1", "--src_length", "16", "--tgt_length", "8",
+                "--output_dir", str(tmp_path / "out")], capsys)
+    assert sorted(_losses(out)) == [1, 2] and "trainable parameters: 0 " not in out
+    assert GLMTokenizer.from_pretrained(tmp_path / "out" / "final").vocab.fingerprint == trained_with
+
+
+def test_a_checkpoint_without_a_tokenizer_names_the_flag_and_takes_one(tmp_path, capsys):
+    """A checkpoint with no tokenizer recorded: one line naming --tokenizer_name_or_path; with it (a vocabulary
+    file) the run trains and its model directory records that vocabulary."""
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
+    for name in ("tokenizer_config.json", vocab.name):  # as glm-pretrain wrote checkpoints before
+        (tmp_path / "ckpt" / name).unlink()
+    argv = ["--model_name_or_path", str(tmp_path / "ckpt"), "--train_file", str(_pairs_file(tmp_path / "t.json")),
+            "--do_train", "--max_steps", "1", "--logging_steps", "1", "--src_length", "16", "--tgt_length", "8"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output_dir", str(tmp_path / "a")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no GLM vocabulary in" in err[0] and "--tokenizer_name_or_path" in err[0], err
+    out = _run([*argv, "--tokenizer_name", str(vocab), "--output_dir", str(tmp_path / "b")], capsys)
+    assert sorted(_losses(out)) == [1]
+    final = tmp_path / "b" / "final"
+    assert (final / vocab.name).read_bytes() == vocab.read_bytes()
+    assert GLMTokenizer.from_pretrained(final).vocab.fingerprint == get_tokenizer("BertWordPieceTokenizer",
+                                                                                  vocab).fingerprint
+
+
+def test_lengths_beyond_the_models_positions_are_cut_before_the_data_is_read(tmp_path, capsys):
+    """A 400-word sample with the default --src_length 608 on a 32-position GLM: one line says the lengths
+    were cut to the positions; training, evaluation and prediction run (it died midway in an IndexError)."""
+    base = _glm_directory(tmp_path / "base", max_sequence_length=32)
+    data = str(_pairs_file(tmp_path / "t.json", source_words=400, count=4))
+    out = _run(["--model_name_or_path", str(base), "--train_file", data, "--eval_file", data, "--test_file", data,
+                "--do_train", "--do_eval", "--do_predict", "--max_steps", "1", "--logging_steps", "1",
+                "--per_device_train_batch_size", "4",
+                "--tgt_length", "200", "--output_dir", str(tmp_path / "out")], capsys)
+    assert (" > --src_length 608 / --tgt_length 200 exceed the model's positions: sources cut to 32 tokens, "
+            "targets to 32\n") in out
+    assert sorted(_losses(out)) == [1] and (tmp_path / "out" / "test_predictions.jsonl").is_file()
+
+
+def test_chatglm2_lengths_fit_its_seq_length():
+    from types import SimpleNamespace
+
+    from glm_port.models.chatglm2.finetune import fit_lengths
+
+    model = SimpleNamespace(config=SimpleNamespace(seq_length=512))
+    assert fit_lengths(model, 64, 128) == (64, 128)
+    assert fit_lengths(model, 608, 160) == (351, 160)  # 351 + 160 + 1 = 512: a training sample fits
+    assert fit_lengths(model, 64, 600) == (64, 447)
+
+
+def test_help_shows_every_flags_default():
+    from glm_port.finetune.arguments import build_parser
+
+    text = build_parser().format_help()
+    options = text.split("\noptions:\n", 1)[1]
+    blocks = re.split(r"\n(?=  --)", options)  # one block per flag: its names, then its help
+    flags = [b for b in blocks if b.startswith("  --") and not b.startswith("  --help")]
+    assert len(flags) > 50
+    for block in flags:
+        assert "default" in " ".join(block.split()), block
+    assert "--learning_rate LEARNING_RATE peak AdamW learning rate (the embedded run: 2e-3) (default: 5e-05)" in \
+        " ".join(text.split())
+
+
+def test_an_embedded_model_without_data_says_so(tmp_path, capsys, monkeypatch):
+    """--model_name_or_path chatglm2-tiny alone runs the embedded task; the line says a model was named."""
+    import glm_port.finetune.run as run
+
+    monkeypatch.setattr(run, "_check_inputs", lambda args: (_ for _ in ()).throw(run.FinetuneError("stop here")))
+    with pytest.raises(SystemExit):
+        main(["--model_name_or_path", "chatglm2-tiny", "--output_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "no model or data given" not in out
+    assert "glm-finetune: no data given (--train_file, --eval_file, --test_file)" in out
+    assert "chatglm2-tiny (random weights) learns the embedded task" in out
+
+
+def test_evaluation_search_flags_reach_generate(tmp_path, monkeypatch, capsys):
+    """--length_penalty, --num_beams, --no_repeat_ngram_size, --min_tgt_length (and with --select_topk:
+    --top_k/--top_p/--temperature) arrive in generate's arguments during evaluation and prediction."""
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    base = _glm_directory(tmp_path / "base")
+    data = str(_pairs_file(tmp_path / "t.json", count=3))
+    common = ["--model_name_or_path", str(base), "--eval_file", data, "--test_file", data, "--do_eval",
+              "--do_predict", "--src_length", "16", "--tgt_length", "5"]
+    _run([*common, "--num_beams", "3", "--length_penalty", "0.37", "--no_repeat_ngram_size", "2",
+          "--min_tgt_length", "1", "--output_dir", str(tmp_path / "a")], capsys)
+    assert len(calls) == 2 and all(c.get("length_penalty") == 0.37 and c.get("num_beams") == 3 and
+                                   c.get("no_repeat_ngram_size") == 2 and c.get("min_new_tokens") == 1 and
+                                   c.get("max_new_tokens") == 5 for c in calls), calls
+    calls.clear()
+    _run([*common, "--select_topk", "--top_k", "7", "--top_p", "0.61", "--temperature", "0.83",
+          "--output_dir", str(tmp_path / "b")], capsys)
+    assert len(calls) == 2 and all(c.get("do_sample") is True and c.get("top_k") == 7 and c.get("top_p") == 0.61
+                                   and c.get("temperature") == 0.83 for c in calls), calls
+
+
+def test_glm_pretrain_records_the_casing_its_model_type_chose(tmp_path):
+    """--tokenizer-model-type bert-base-chinese keeps case (upstream's rule) though the file's name has no
+    '-cased': the checkpoint's tokenizer_config.json says do_lower_case false, and reading it back keeps case."""
+    from glm_port.data import get_tokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    vocab = _wordpiece_vocab(tmp_path / "vocab").rename(tmp_path / "vocab" / "bert-base-chinese-vocab.txt")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path",
+              str(vocab.parent), "--tokenizer-model-type", "bert-base-chinese")
+    assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    cased = get_tokenizer("BertWordPieceTokenizer", vocab, lowercase=False)
+    read = GLMTokenizer.from_pretrained(tmp_path / "ckpt").vocab
+    assert read.fingerprint == cased.fingerprint
+    assert read.encode("W") == cased.encode("W") != get_tokenizer("BertWordPieceTokenizer", vocab).encode("W")
+
+
+def test_an_iteration_of_a_pretrain_checkpoint_finds_the_tokenizer_beside_its_tracker(tmp_path, capsys):
+    """--model_name_or_path SAVE/2 (or its rank file) reads the tokenizer SAVE records beside the tracker."""
+    vocab = _wordpiece_vocab(tmp_path / "vocab")
+    _pretrain(tmp_path / "ckpt", "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab))
+    data = str(_pairs_file(tmp_path / "t.json"))
+    for index, model in enumerate((tmp_path / "ckpt" / "2", tmp_path / "ckpt" / "2" / "mp_rank_00_model_states.pt")):
+        out = _run(["--model_name_or_path", str(model), "--train_file", data, "--do_train", "--max_steps", "1",
+                    "--logging_steps", "1", "--src_length", "16", "--tgt_length", "8",
+                    "--output_dir", str(tmp_path / f"out{index}")], capsys)
+        assert sorted(_losses(out)) == [1], out
+        assert (tmp_path / f"out{index}" / "final" / vocab.name).read_bytes() == vocab.read_bytes()
+
+
+def test_a_chatglm2_directory_without_its_tokenizer_names_the_flag_and_takes_one(tmp_path, capsys):
+    from glm_port.finetune.toy_task import write_toy_task
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    (tmp_path / "base" / "tokenizer.model").rename(tmp_path / "tokenizer.model")
+    argv = ["--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
+            str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10", "--max_steps", "1",
+            "--logging_steps", "1", "--do_eval", "false"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output_dir", str(tmp_path / "a")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no ChatGLM2 tokenizer in" in err[0] and "--tokenizer_name_or_path" in err[0], err
+    out = _run([*argv, "--tokenizer_name_or_path", str(tmp_path / "tokenizer.model"),
+                "--output_dir", str(tmp_path / "b")], capsys)
+    assert sorted(_losses(out)) == [1] and (tmp_path / "b" / "final" / "tokenizer.model").is_file()

@@ -119,3 +119,21 @@ def test_paddlenlp_flags_parse_and_unsupported_ones_are_refused(capsys):
         parse_args(["--prefix_tuning", "true"])
     assert exit_info.value.code == 2
     assert "--prefix_tuning is not supported: prefix tuning is not implemented" in capsys.readouterr().err
+
+
+def test_english_rouge_1_2_l_are_rouge_scores_own_on_different_strings():
+    """Each English ROUGE is rouge_score's own F-measure of that ROUGE (x 100, stemmed, averaged over the
+    samples), on predictions that differ from their references so that ROUGE-1, -2 and -L all differ."""
+    from rouge_score import rouge_scorer
+
+    predictions = ["the quick brown fox jumped over a lazy dog today", "cats were sitting on the warm mats",
+                   "a completely unrelated sentence"]
+    references = ["a quick brown dog jumps over the lazy fox", "the cat sat on the mat", "nothing in common here"]
+    got = metrics.score(predictions, references, "en")
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"], use_stemmer=True)
+    theirs = {key: float(np.mean([scorer.score(r, p)[key].fmeasure * 100 for p, r in zip(predictions, references)]))
+              for key in ("rouge1", "rouge2", "rougeLsum")}
+    assert len({round(v, 3) for v in theirs.values()}) == 3, theirs  # a swapped key cannot go unseen
+    assert got["rouge-1"] == pytest.approx(theirs["rouge1"], abs=1e-3)
+    assert got["rouge-2"] == pytest.approx(theirs["rouge2"], abs=1e-3)
+    assert got["rouge-l"] == pytest.approx(theirs["rougeLsum"], abs=1e-3)

@@ -161,3 +161,37 @@ def test_marked_form_shows_no_pad(checkpoint):
     for record in map(json.loads, out.splitlines()):
         assert "[PAD]" not in record["marked"], record["marked"]
         assert record["marked"].startswith("[CLS] ") and record["marked"].endswith("<|endofpiece|>")
+
+
+def spy_generate(monkeypatch) -> list[dict]:
+    """Every ``GenerationMixin.generate`` call's search settings (its keyword arguments, and the fields of a
+    ``generation_config`` passed in); the calls go on to the real ``generate``."""
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    return calls
+
+
+def test_search_flags_reach_generate(checkpoint, monkeypatch):
+    """--length-penalty (and the other search flags) arrive in generate's arguments, not just in the parsed
+    arguments: the parallel-vs-one-process tests share the kwargs builder and would not see them dropped."""
+    calls = spy_generate(monkeypatch)
+    run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "--num-beams", "3", "--length-penalty",
+         "0.37", "--no-repeat-ngram-size", "2", "--min-new-tokens", "1", "--num-return-sequences", "2", "a [MASK]"])
+    assert calls and all(c.get("length_penalty") == 0.37 and c.get("num_beams") == 3 and
+                         c.get("no_repeat_ngram_size") == 2 and c.get("min_new_tokens") == 1 and
+                         c.get("num_return_sequences") == 2 for c in calls), calls
+    calls.clear()
+    run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "--do-sample", "--top-p", "0.61",
+         "--top-k", "7", "--temperature", "0.83", "--seed", "1", "a [MASK]"])
+    assert calls and all(c.get("do_sample") is True and c.get("top_p") == 0.61 and c.get("top_k") == 7 and
+                         c.get("temperature") == 0.83 for c in calls), calls

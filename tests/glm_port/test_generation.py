@@ -232,3 +232,87 @@ def test_packed_linears_fill_the_same_blanks(tokenizer):
         again = model(inputs.input_ids, position_ids=inputs.position_ids[:, :, :inputs.input_ids.size(1)]).logits
     torch.testing.assert_close(again, logits, atol=1e-5, rtol=1e-5)
     assert got == want
+
+
+# ---- stop tokens and length penalty under a scripted model (issue 26) ------------------------------------
+
+
+class Scripted:
+    """A logits processor that sets every next token by the last one: ``table[last]`` maps tokens to their
+    log-probabilities (a last token not in the table: ``default``); every other token gets -1e4."""
+
+    def __init__(self, table: dict, default: dict):
+        self.table, self.default = table, default
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, -1e4)
+        for row, last in enumerate(input_ids[:, -1].tolist()):
+            for token, logp in self.table.get(last, self.default).items():
+                out[row, token] = logp
+        return out
+
+
+def _scripted(table, default):
+    from transformers import LogitsProcessorList
+
+    return LogitsProcessorList([Scripted(table, default)])
+
+
+@pytest.mark.parametrize("stop", ["eop", "eos"])
+def test_filled_spans_end_before_a_forced_stop_token(model, tokenizer, stop):
+    """sop -> A -> B -> stop -> C...: each blank (batched single blanks, and the two blanks of one text) is
+    [A, B]: generation stops at eop and at eos, and the stop token is not part of the span."""
+    from glm_port.models.glm.generation import generate
+
+    a, b, c = tokenizer.vocab.encode("cat dog mat")[:3]
+    end = getattr(tokenizer, f"{stop}_token_id")
+    script = _scripted({tokenizer.sop_token_id: {a: 0.0}, a: {b: 0.0}, b: {end: 0.0}, end: {c: 0.0}}, {c: 0.0})
+    texts = ["the [MASK] sat", "a much longer text with a [MASK] in it", "one [MASK] two [sMASK] three"]
+    for num_beams in (1, 2):
+        results = generate(model, tokenizer, texts, max_new_tokens=6, num_beams=num_beams, logits_processor=script)
+        assert [r["generated_ids"] for r in results] == [[[a, b]], [[a, b]], [[a, b], [a, b]]], num_beams
+        assert results[0]["text"] == tokenizer.decode(tokenizer.vocab.encode("the") + [a, b]
+                                                      + tokenizer.vocab.encode("sat"))
+
+
+@pytest.mark.parametrize("stop", ["eop", "eos"])
+def test_finetune_predictions_end_before_a_forced_stop_token(model, tokenizer, stop):
+    """glm-finetune's evaluation (the GLM binding's generate) cuts each prediction at eop / eos."""
+    from glm_port.finetune.datasets import Pair
+    from glm_port.models.glm import finetune
+
+    a, b, c = tokenizer.vocab.encode("cat dog mat")[:3]
+    end = getattr(tokenizer, f"{stop}_token_id")
+    script = _scripted({tokenizer.sop_token_id: {a: 0.0}, a: {b: 0.0}, b: {end: 0.0}, end: {c: 0.0}}, {c: 0.0})
+    samples = finetune.encode(tokenizer.vocab, [Pair("the cat", ""), Pair("a dog sat on a mat", "")], 16, 8,
+                              with_targets=False)
+    search = dict(max_new_tokens=6, num_beams=1, do_sample=False, logits_processor=script)
+    assert finetune.generate(model.glm, tokenizer.vocab, samples, search, 2, "cpu") == [tokenizer.decode([a, b])] * 2
+
+
+def test_length_penalty_picks_between_beams_that_end_at_different_lengths(model, tokenizer):
+    """Two beams: sop A eop (log-prob -1.5 over 2 tokens) and sop B C D E eop (-1.9 over 5). Summed (length
+    penalty 0) the short one wins; divided by length (1.0) the long one. fill_blanks passes it to generate."""
+    from glm_port.models.glm.blanks import fill_blanks
+
+    a, b, c, d, e = tokenizer.vocab.encode("cat dog mat sat ran")[:5]
+    eop = tokenizer.eop_token_id
+    script = _scripted({tokenizer.sop_token_id: {a: -1.0, b: -1.5}, a: {eop: -0.5}, b: {c: -0.1}, c: {d: -0.1},
+                        d: {e: -0.1}, e: {eop: -0.1}}, {eop: 0.0})
+    spans = {}
+    for penalty in (0.0, 1.0):
+        (filled,) = fill_blanks(model, tokenizer, ["the [MASK] here"], max_new_tokens=8, num_beams=2,
+                                length_penalty=penalty, logits_processor=script)
+        spans[penalty] = filled.spans
+    assert spans == {0.0: [[a]], 1.0: [[b, c, d, e]]}
+
+
+def test_num_return_sequences_rows_belong_to_their_prompt(model, tokenizer):
+    """generate returns each prompt's n sequences in a row: result k of prompt i is row i * n + k."""
+    texts = ["the cat sat on the [MASK] today", "hello [MASK]", "a much longer sentence with [MASK] in it"]
+    batched = fill_blanks(model, tokenizer, texts, max_new_tokens=5, num_beams=3, num_return_sequences=3)
+    alone = [f for t in texts for f in fill_blanks(model, tokenizer, [t], max_new_tokens=5, num_beams=3,
+                                                   num_return_sequences=3)]
+    assert [(f.prompt, f.sequence) for f in batched] == [(t, k) for t in texts for k in range(3)]
+    assert [f.spans for f in batched] == [f.spans for f in alone]
+    assert len({tuple(map(tuple, f.spans)) for f in batched}) > 3  # the prompts' sequences differ

@@ -83,28 +83,58 @@ def lora_config(**overrides):
 EMBEDDED = "chatglm2-tiny"
 
 
-def load(path, device, recompute: bool = False):
-    """``(model, tokenizer)``: a ChatGLM2 directory, or (None) the embedded random-init tiny model."""
+def load(path, device, recompute: bool = False, tokenizer_path=None):
+    """``(model, tokenizer)``: a ChatGLM2 directory, or (None) the embedded random-init tiny model; the
+    tokenizer from ``tokenizer_path`` (a directory holding ``tokenizer.model``, or that file) when given."""
+    from pathlib import Path
+
+    from glm_port.models.chatglm2.weights import load_tokenizer
+
+    if tokenizer_path is not None:
+        tokenizer_path = Path(tokenizer_path)
+        tokenizer = load_tokenizer(tokenizer_path.parent if tokenizer_path.is_file() else tokenizer_path)
     if path is None:
         from glm_port.models.chatglm2.tiny import build_tiny
 
-        model, tokenizer = build_tiny()
+        model, tiny_tokenizer = build_tiny()
+        tokenizer = tiny_tokenizer if tokenizer_path is None else tokenizer
     else:
-        from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer
+        from glm_port.models.chatglm2.weights import load_pretrained
 
         from glm_port.distributed import tensor_parallel_size
 
+        if tokenizer_path is None:
+            if not (Path(path) / "tokenizer.model").is_file():
+                raise FileNotFoundError(f"no ChatGLM2 tokenizer in {path} (expected tokenizer.model)")
+            tokenizer = load_tokenizer(path)
         if tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as THUDM's)
             from glm_port.models.chatglm2.generation import load_split
             from glm_port.models.chatglm2.weights import check_directory
 
-            model, tokenizer = load_split(path, check_directory(path), device=device), load_tokenizer(path)
+            model = load_split(path, check_directory(path), device=device)
         else:
-            model, tokenizer = load_pretrained(path, dtype=None, device=device), load_tokenizer(path)
+            model = load_pretrained(path, dtype=None, device=device)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
     if recompute:
         model.gradient_checkpointing_enable()
     return model, tokenizer
+
+
+def tokenizer_home(path):
+    """Where the tokenizer of the model at ``path`` is: its directory (``tokenizer.model`` beside the weights)."""
+    from pathlib import Path
+
+    return Path(path)
+
+
+def fit_lengths(model, src_length: int, tgt_length: int) -> tuple[int, int]:
+    """``(src_length, tgt_length)`` within ``seq_length``: a training sample is ``src + tgt + 1`` tokens, a
+    prompt and its generated answer ``src + tgt``. The source gives way first (down to half the positions)."""
+    budget = model.config.seq_length - 1
+    if src_length + tgt_length <= budget:
+        return src_length, tgt_length
+    src = min(src_length, max(budget - tgt_length, budget // 2))
+    return src, min(tgt_length, budget - src)
 
 
 def config_of(model):

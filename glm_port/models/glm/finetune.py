@@ -20,21 +20,55 @@ LORA_DEFAULTS: dict = {}  # glm-finetune's own defaults (PaddleNLP's GLM recipe 
 logits = positions_logits  # GLM takes glm_port's batch layout as it is
 
 
-def load(path: Path | None, device, recompute: bool = False):
-    """``(model, vocabulary)``: any GLM weights ``path`` holds, or (None) a new small GLM."""
+def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Path | None = None):
+    """``(model, vocabulary)``: any GLM weights ``path`` holds, or (None) a new small GLM. The vocabulary is
+    ``tokenizer_path``'s (a directory or a vocabulary file) when given, else the one recorded beside the
+    weights (a Hugging Face directory's files; glm-pretrain and glm-finetune record theirs the same way)."""
     from glm_port import data
 
     if path is None:
-        vocab = data.get_tokenizer()
+        vocab = data.get_tokenizer() if tokenizer_path is None else _tokenizer(tokenizer_path)
         config = GLMConfig(vocab_size=vocab.vocab_size, checkpoint_activations=recompute, **TINY)
         return GLMModel(config).to(device), vocab
     from glm_port.models.glm.hf import GLMForConditionalGeneration
-    from glm_port.models.glm.tokenizer import GLMTokenizer
 
+    vocab = _tokenizer(tokenizer_path if tokenizer_path is not None else tokenizer_home(path))  # quick: first
     glm = GLMForConditionalGeneration.from_pretrained(path, device=device).glm
+    if vocab.num_tokens > glm.config.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
+                         f"{glm.config.vocab_size} embedding rows: not the vocabulary it was trained with")
     if recompute:
         glm.config = glm.transformer.config = glm.config.replace(checkpoint_activations=True)
-    return glm, GLMTokenizer.from_pretrained(path).vocab
+    return glm, vocab
+
+
+def tokenizer_home(path: Path) -> Path:
+    """Where the tokenizer of the weights at ``path`` is recorded: the weights' directory (a weight file's
+    directory), or, for one iteration of a glm-pretrain / glm-finetune checkpoint (``SAVE/20``, or a rank
+    file in it), the checkpoint directory above it (``SAVE``, beside the tracker) when that records one."""
+    from glm_port.checkpoint_io import RANK_FILE, TRACKERS
+
+    path = Path(path)
+    if path.is_file() and (RANK_FILE.search(path.name) or path.suffix in (".pt", ".bin", ".safetensors")):
+        path = path.parent
+    parent = path.parent
+    if not (path / "tokenizer_config.json").is_file() and (parent / "tokenizer_config.json").is_file() and \
+            any((parent / tracker).is_file() for tracker in TRACKERS):
+        return parent
+    return path
+
+
+def _tokenizer(path: Path):
+    from glm_port.models.glm.tokenizer import GLMTokenizer
+
+    return GLMTokenizer.from_pretrained(path).vocab
+
+
+def fit_lengths(model, src_length: int, tgt_length: int) -> tuple[int, int]:
+    """``(src_length, tgt_length)`` within the model's positions: Part A takes positions ``0..src_length-1``,
+    Part B block positions ``1..tgt_length`` (one table row each, ``max_sequence_length`` of them)."""
+    limit = model.config.max_sequence_length
+    return min(src_length, limit), min(tgt_length, limit)
 
 
 def config_of(model) -> GLMConfig:
@@ -88,11 +122,11 @@ def save(model: GLMModel, vocab, directory: Path, source: Path | None) -> None:
 def save_tokenizer(vocab, directory: Path, source: Path | None) -> None:
     import shutil
 
-    from glm_port.models.glm.tokenizer import tokenizer_files
-    from glm_port.models.glm.tokenizer import GLMTokenizer
+    from glm_port.models.glm.tokenizer import GLMTokenizer, recorded_lowercase, tokenizer_files
 
     Path(directory).mkdir(parents=True, exist_ok=True)
-    GLMTokenizer(vocab).save_pretrained(directory)
-    for file in tokenizer_files(source) if source is not None else []:
+    source = Path(source) if source is not None else None  # the weights' directory, or the tokenizer's path
+    GLMTokenizer(vocab).save_pretrained(directory, lowercase=recorded_lowercase(source) if source else None)
+    for file in tokenizer_files(source, source) if source is not None else []:
         if not (Path(directory) / file.name).exists():
             shutil.copy2(file, Path(directory) / file.name)

@@ -101,7 +101,9 @@ class GLMTokenizer:
             raise FileNotFoundError(f"tokenizer path does not exist: {path}")
         kind = tokenizer_type or _detect_type(path)
         # The built-in vocabulary (glm-pretrain's and glm-finetune's default) is rebuilt, not read.
-        vocab = vocabularies.get_tokenizer(kind, None if kind == vocabularies.DEFAULT_TOKENIZER else path)
+        lowercase = recorded_lowercase(path) if kind == "BertWordPieceTokenizer" else None
+        vocab = vocabularies.get_tokenizer(kind, None if kind == vocabularies.DEFAULT_TOKENIZER else path,
+                                           lowercase=lowercase)
         tokenizer = cls(vocab)
         added = path / "added_tokens.json" if path.is_dir() else None
         if added is not None and added.is_file():
@@ -119,12 +121,15 @@ class GLMTokenizer:
                 raise ValueError(f"{source}: {token} has id {added[token]} there but {want} in the "
                                  f"{self.vocab.name} layout; is this the vocabulary the model was trained with?")
 
-    def save_pretrained(self, directory) -> None:
-        """Write ``tokenizer_config.json`` naming the vocabulary type (the vocabulary files are not copied)."""
+    def save_pretrained(self, directory, lowercase: bool | None = None) -> None:
+        """Write ``tokenizer_config.json`` naming the vocabulary type (the vocabulary files are not copied);
+        ``lowercase`` (WordPiece, when it was not upstream's rule of the file's name): ``do_lower_case``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         inverse = {v: k for k, v in _HF_CLASSES.items()}
         config = {"tokenizer_class": inverse.get(self.vocab.name, self.vocab.name)}
+        if lowercase is not None:
+            config["do_lower_case"] = bool(lowercase)
         (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     # ---- text <-> ids -----------------------------------------------------------------------------
@@ -304,6 +309,15 @@ def _detect_type(path: Path) -> str:
         return _bpe_kind(vocab[0])
     raise FileNotFoundError(f"no GLM vocabulary in {path} (expected vocab.json + merges.txt, vocab.txt "
                             f"or a sentencepiece .model)")
+
+
+def recorded_lowercase(path: Path) -> bool | None:
+    """``do_lower_case`` of the directory's ``tokenizer_config.json`` (None: not recorded)."""
+    config = path / "tokenizer_config.json" if path.is_dir() else None
+    if config is None or not config.is_file():
+        return None
+    value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case")
+    return value if isinstance(value, bool) else None
 
 
 def _bpe_kind(vocab_json: Path) -> str:

@@ -464,7 +464,9 @@ def _assign_parameter(model, qualified: str, tensor) -> None:
     module = model.get_submodule(module_name)
     old = getattr(module, leaf)
     if isinstance(old, torch.nn.Parameter):
-        setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=False))
+        # Trainable as the model built it (as transformers' from_pretrained returns it): a full finetune trains
+        # every weight, inference runs under no_grad, PEFT freezes what it does not adapt.
+        setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=old.requires_grad))
     else:
         module._buffers[leaf] = tensor
 

@@ -78,3 +78,71 @@ def test_glm_chat_errors_exit_2(tmp_path, capsys, make_model, write_thudm):
     assert chat_main(["--model", str(model_dir)]) == 2
     assert "pytorch_model-00001-of-00002.bin: shard listed in pytorch_model.bin.index.json is missing" in (
         capsys.readouterr().err)
+
+
+# ---- replies end at the stop token (issue 26): a scripted logits processor forces it at a known step -------
+
+
+class Scripted:
+    """Sets every next token by the last one (``table``; any other last token: ``default``), the rest -1e4."""
+
+    def __init__(self, table: dict, default: int):
+        self.table, self.default = table, default
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, -1e4)
+        for row, last in enumerate(input_ids[:, -1].tolist()):
+            out[row, self.table.get(last, self.default)] = 0.0
+        return out
+
+
+def _script(tok, stop):
+    """prompt -> A -> B -> stop -> C -> C...: the reply is A B and nothing after."""
+    from transformers import LogitsProcessorList
+
+    a, b, c = tok.encode("你好 世界", add_special_tokens=False)[:3]
+    return LogitsProcessorList([Scripted({a: b, b: stop, stop: c, c: c}, a)]), tok.decode([a, b]).strip()
+
+
+@pytest.mark.parametrize("format_, stop", [("chatglm2", "</s>"), ("chatglm3", "</s>"), ("chatglm3", "<|user|>"),
+                                           ("chatglm3", "<|observation|>")])
+def test_replies_end_at_the_stop_token(format_, stop, tiny):
+    """chat, stream_chat and glm-finetune's evaluation cut the reply where eos (ChatGLM3: or a role token it
+    stops at) is generated: what follows it, and the stop token itself, are not in the reply."""
+    from glm_port.finetune.datasets import Pair
+    from glm_port.models.chatglm2 import finetune
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    model, tok = tiny if format_ == "chatglm2" else build_tiny(chat_format=format_)
+    stop_id = tok.eos_token_id if stop == "</s>" else tok.get_command(stop)
+    script, expected = _script(tok, stop_id)
+    response, _ = model.chat(tok, "晚上好", do_sample=False, max_new_tokens=8, logits_processor=script)
+    assert response == expected
+    *_, (streamed, _) = model.stream_chat(tok, "晚上好", do_sample=False, max_new_tokens=8, logits_processor=script)
+    assert streamed == expected
+    samples = finetune.encode(tok, [Pair("晚上好", ""), Pair("你好", "")], 32, 8, with_targets=False)
+    search = dict(max_new_tokens=8, num_beams=1, do_sample=False, logits_processor=script)
+    assert finetune.generate(model, tok, samples, search, 2, "cpu") == [expected, expected]
+
+
+def test_glm_chat_sampling_flags_reach_generate(monkeypatch, capsys):
+    """glm-chat's --top-p and --temperature arrive in generate's arguments; --greedy turns sampling off."""
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    assert chat_main(["--max-new-tokens", "2", "--top-p", "0.37", "--temperature", "0.55", "--seed", "0",
+                      "--device", "cpu", "--prompt", "你好"]) in (0, None)
+    assert calls and all(c.get("top_p") == 0.37 and c.get("temperature") == 0.55 and c.get("do_sample", True)
+                         and c.get("max_new_tokens") == 2 for c in calls), calls
+    calls.clear()
+    chat_main(["--max-new-tokens", "2", "--greedy", "--device", "cpu", "--prompt", "你好"])
+    assert calls and all(c.get("do_sample") is False for c in calls), calls

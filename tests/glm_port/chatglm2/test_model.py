@@ -128,3 +128,20 @@ def test_without_multi_query_attention_qkv_is_per_head(make_model):
     assert torch.equal(q.transpose(1, 2), per_head[..., 0, :]) and torch.equal(v.transpose(1, 2), per_head[..., 2, :])
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(1, 9)[None]).logits).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rmsnorm_statistics_are_fp32_for_half_inputs(dtype):
+    """THUDM's RMSNorm squares in fp32: fp16 activations around +-300 (their squares overflow fp16's 65504)
+    normalize as in fp32; squared in fp16 they would give inf and an all-zero output."""
+    from glm_port.models.chatglm2.model import RMSNorm
+
+    norm = RMSNorm(64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 64))
+    x = (torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0)) * 100 + 300).clamp(-1000, 1000)
+    x[0] *= -1
+    expected = norm(x)
+    got = norm.to(dtype)(x.to(dtype))
+    assert got.dtype == dtype and got.abs().min() > 0
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
