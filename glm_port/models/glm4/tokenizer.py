@@ -270,7 +270,8 @@ class GLM4Tokenizer(PreTrainedTokenizer):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save, then ``tokenizer_config.json`` completed as THUDM's reads: the specials'
-        ``added_tokens_decoder`` at their ids, eos/pad ``<|endoftext|>``, left padding, and the
+        ``added_tokens_decoder`` at their ids and listed as ``additional_special_tokens`` (so that THUDM's
+        ``decode(skip_special_tokens=True)`` drops them), eos/pad ``<|endoftext|>``, left padding, and the
         ``chat_template`` in the file itself (transformers 5 writes it to ``chat_template.jinja``, which older
         transformers do not read)."""
         files = super().save_pretrained(save_directory, *args, **kwargs)
@@ -280,7 +281,8 @@ class GLM4Tokenizer(PreTrainedTokenizer):
             "added_tokens_decoder": {
                 str(i): {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
                          "single_word": False, "special": True} for token, i in self.special_ids.items()},
-            "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "padding_side": "left",
+            "additional_special_tokens": list(SPECIAL_TOKENS), "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN,
+            "padding_side": "left",
             "clean_up_tokenization_spaces": False, "chat_template": self.chat_template,
             "tokenizer_class": type(self).__name__,
         })
