@@ -217,3 +217,23 @@ def test_real_vocabulary():
     assert [tok.get_command(t) for t in SPECIAL_TOKENS] == list(range(151329, 151343))
     assert tok.stop_ids == [151329, 151336, 151338]
     assert tok.build_chat_input("你好")["input_ids"][0].tolist()[:3] == [151331, 151333, 151336]
+
+
+def test_a_tokenizer_json_from_the_rank_file_gives_the_same_ids(tok):
+    """The route to the ``tokenizer.json`` a transformers-native ``glm`` directory carries (glm-4-9b-chat-hf is
+    a ``PreTrainedTokenizerFast``): transformers' ``TikTokenConverter`` on the rank file, GLM-4's pattern, the
+    specials added in order, gives our ids for text and for the chat template."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from glm_port.models.glm4.tokenizer import PAT_STR
+
+    converted = TikTokenConverter(tok.vocab_file, pattern=PAT_STR, extra_special_tokens=list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=converted.converted(), eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", padding_side="left", chat_template=tok.chat_template)
+    assert fast.convert_tokens_to_ids(list(SPECIAL_TOKENS)) == [tok.get_command(t) for t in SPECIAL_TOKENS]
+    for text in TEXTS:
+        assert fast.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False), text
+    for messages in CONVERSATIONS.values():
+        assert (fast.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+                == tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
