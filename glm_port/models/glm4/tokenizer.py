@@ -65,7 +65,7 @@ CHAT_TEMPLATE = (
 @lru_cache(maxsize=1)
 def byte_symbols() -> tuple[dict[int, str], dict[str, int]]:
     """A printable character for each byte (GPT-2's byte-level alphabet): a rank's bytes as a token string."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:

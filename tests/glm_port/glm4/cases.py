@@ -39,6 +39,7 @@ def as_chat_input(messages):
     return messages[-1]["content"], history, messages[-1]["role"]
 
 
-TEXTS = ["Hello world", "你好，世界！今天天气很好。", "  leading spaces and trailing  ", "line one\nline two\r\n\n\tend",
+TEXTS = ["Hello world", "你好，世界！今天天气很好。", "  leading spaces and trailing  ",
+         "line one\nline two\r\n\n\tend",
          "I'm sure you're right, they'd've said", "x = 12345678 + 0.5 ** 2", "emoji 🙂 and ünïcödé",
          "[gMASK]<sop> written as text"]

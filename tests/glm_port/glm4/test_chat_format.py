@@ -18,7 +18,8 @@ def test_declared_functions():
 
 def test_tool_call_is_parsed():
     reply = 'get_weather\n{"city": "北京",\n "unit": "c"}'
-    assert parse_tool_call(reply, {"get_weather"}) == {"name": "get_weather", "arguments": {"city": "北京", "unit": "c"}}
+    assert parse_tool_call(reply, {"get_weather"}) == {"name": "get_weather",
+                                                       "arguments": {"city": "北京", "unit": "c"}}
     message = reply_message(reply, CONVERSATIONS["tools"])
     assert message == {"role": "assistant", "metadata": "get_weather", "content": '{"city": "北京",\n "unit": "c"}'}
 
@@ -37,7 +38,8 @@ def test_a_call_round_trips_through_the_chat_layout(tok):
     call = reply_message('get_weather\n{"city": "北京"}', messages)
     turn = messages + [call, observation({"temperature": 25})]
     text = tok.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
-    assert text.endswith('<|assistant|>get_weather\n{"city": "北京"}<|observation|>\n{"temperature": 25}<|assistant|>')
+    assert text.endswith('<|assistant|>get_weather\n{"city": "北京"}'
+                         '<|observation|>\n{"temperature": 25}<|assistant|>')
     ids = tok.apply_chat_template(turn, add_generation_prompt=True, return_dict=False)
     assistant = tok.get_command("<|assistant|>")
     start = len(ids) - ids[::-1].index(assistant, 1) - 1  # the call's <|assistant|>
