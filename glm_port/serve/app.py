@@ -199,15 +199,8 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
         if len(prompts) != 1:
             raise APIError(400, "prompt: one prompt per request (send a list of one, or a string)", param="prompt")
         prompt = prompts[0]
-        if served.stepped:
-            ids = served.encode_prompt(prompt)
-            sampling = _sampling(body, body.max_tokens or 16, len(ids), served, limits, prompt_cap)
-        else:  # served whole (GLM blank filling): the family's generate encodes; the length is checked there
-            ids = []
-            if len(prompt) > 8 * prompt_cap:
-                raise APIError(400, f"prompt: longer than the model's {prompt_cap} tokens can be", param="prompt",
-                               code="context_length_exceeded")
-            sampling = _sampling(body, body.max_tokens or 16, 0, served, limits, prompt_cap)
+        ids = served.encode_prompt(prompt)
+        sampling = _sampling(body, body.max_tokens or 16, len(ids), served, limits, prompt_cap)
         sequences, queue = _sequences(request, body.n, lambda i, notify: Sequence(
             ids, sampling, notify, index=i, chat=False, text=prompt))
         return await _respond(engine, request, body, sequences, queue, chat=False)

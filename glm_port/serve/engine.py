@@ -92,8 +92,8 @@ class ServedModel:
         return list(self.chat.encode_messages(self.tokenizer, messages, tools))
 
     def encode_prompt(self, text: str) -> list[int]:
-        """A completion prompt's ids (stepped families; those served whole encode in their ``generate``)."""
-        return list(self.tokenizer(text)["input_ids"])
+        """A completion prompt's ids, the family's special tokens included (GLM: its blanks as written)."""
+        return list(self.tokenizer.encode(text))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -382,7 +382,7 @@ class Engine:
             results = self.served.fill([s.text for s in members], max_tokens, **kwargs)
             for sequence, result in zip(members, results):
                 generated = sum(len(span) for span in result["generated_ids"])
-                prompt = max(len(result["sequence"]) - generated, 0)
+                prompt = len(sequence.prompt_ids)
                 text = result["text"]
                 finish = "length" if any(len(span) >= max_tokens for span in result["generated_ids"]) else "stop"
                 cut = min((i for i in (text.find(s) for s in sequence.sampling.stop) if i >= 0), default=-1)
