@@ -16,6 +16,11 @@ queued), every kept request must have finished, and its memory is read again.
     python -m bench.serve --clients 1 8 --requests 2 --max-tokens 16 --soak 0      # smoke run
     python -m bench.serve --model chatglm3-6b --clients 1 4 8 --max-tokens 128
     python -m bench.serve --clients --soak 300             # the soak only
+    python -m bench.serve --width 1024 --layers 4          # a random ChatGLM2 of that shape, written and served
+
+``--width H --layers L``: a random-init ChatGLM2 (ChatGLM2-6B's layout: 2 key/value groups, heads of 128 or
+fewer, ffn about 3.3 H) with the tiny tokenizer, written to a temporary THUDM-layout directory and served from
+there (through glm-serve's ordinary loading), so that the model's compute, not Python, sets the pace.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import time
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="glm-serve --model (default: the embedded tiny model)")
+    parser.add_argument("--width", type=int, default=None, help="serve a random ChatGLM2 of this hidden size")
+    parser.add_argument("--layers", type=int, default=4, help="its layers (with --width)")
     parser.add_argument("--clients", type=int, nargs="*", default=[1, 4, 8, 16], help="concurrency levels")
     parser.add_argument("--requests", type=int, default=4, help="requests per client per level")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -63,6 +70,27 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def write_model(width: int, layers: int, directory) -> str:
+    """A random ChatGLM2 of that shape and the tiny tokenizer, as THUDM lays a directory out."""
+    import torch
+
+    from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+    from glm_port.models.chatglm2.weights import save_sharded
+
+    tokenizer = build_tokenizer(str(directory))
+    heads = max(2, width // 128)
+    config = ChatGLM2Config(num_layers=layers, hidden_size=width, ffn_hidden_size=(width * 107 // 32) // 16 * 16,
+                            kv_channels=width // heads, num_attention_heads=heads, multi_query_group_num=2,
+                            padded_vocab_size=-(-tokenizer.vocab_size // 64) * 64, seq_length=2048)
+    torch.manual_seed(0)
+    model = ChatGLM2ForCausalLM(config).eval()
+    save_sharded(dict(model.state_dict()), directory, shards=1, fmt="safetensors")
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
 
 
 def start_server(args, port):
@@ -176,6 +204,10 @@ async def main_async(args):
     import psutil
 
     rng = random.Random(args.seed)
+    if args.width:
+        import tempfile
+
+        args.model = write_model(args.width, args.layers, tempfile.mkdtemp(prefix="bench-serve-"))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     process = start_server(args, port)
