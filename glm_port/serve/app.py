@@ -101,6 +101,16 @@ class _Sampled(_Body):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0)
+    # OpenAI fields this server does not do: refused by name (400) rather than ignored
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+    response_format: Any = None
+
+
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "best_of", "suffix", "response_format")
 
 
 class ChatRequest(_Sampled):
@@ -181,6 +191,9 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
             raise APIError(400, f"{served.name} ({served.family.name}) has no chat format; use /v1/completions",
                            param="messages", code="unsupported")
         messages = [_message_dict(m) for m in body.messages]
+        if body.tool_choice not in (None, "auto", "none"):
+            raise APIError(400, "tool_choice: only \"auto\" and \"none\" (the model decides whether to call a tool)",
+                           param="tool_choice", code="unsupported")
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         try:
             ids = served.encode_chat(messages, tools)
@@ -274,6 +287,14 @@ def _message_dict(message: Message) -> dict:
 
 
 def _sampling(body: _Sampled, max_tokens, prompt_tokens: int, served, limits: Limits, prompt_cap: int) -> Sampling:
+    for name in UNSUPPORTED:
+        value = getattr(body, name)
+        if name == "response_format":
+            bad = value is not None and not (isinstance(value, dict) and value.get("type") == "text")
+        else:
+            bad = value not in (None, False) and not (name == "best_of" and value == 1)
+        if bad:
+            raise APIError(400, f"{name}: not supported by this server", param=name, code="unsupported")
     if body.n > limits.max_n:
         raise APIError(400, f"n: at most {limits.max_n} choices per request", param="n")
     if prompt_tokens > prompt_cap:

@@ -266,3 +266,15 @@ def test_glm_completion_fills_blanks(tmp_path, kit):
     finally:
         server.close()
         server.engine.close()
+
+
+def test_what_is_not_done_is_refused_by_name(client, live):
+    name = live.served.name
+    for extra in ({"logprobs": True}, {"response_format": {"type": "json_object"}}, {"tool_choice": "required"}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=name, messages=HELLO, max_tokens=2, **extra)
+        assert caught.value.body["param"] == next(iter(extra))
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=name, prompt="hi", max_tokens=2, echo=True)
+    assert client.chat.completions.create(model=name, messages=HELLO, max_tokens=2,
+                                          response_format={"type": "text"}).choices
