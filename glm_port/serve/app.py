@@ -202,7 +202,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = _sampling(body, max_tokens, len(ids), served, limits, prompt_cap)
         sequences, queue = _sequences(request, body.n, lambda i, notify: Sequence(
-            ids, sampling, notify, index=i, chat=True, tools=tools))
+            ids, sampling, notify, index=i, chat=True, tools=tools, stream=body.stream))
         return await _respond(engine, request, body, sequences, queue, chat=True)
 
     @app.post("/v1/completions")
@@ -215,7 +215,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
         ids = served.encode_prompt(prompt)
         sampling = _sampling(body, body.max_tokens or 16, len(ids), served, limits, prompt_cap)
         sequences, queue = _sequences(request, body.n, lambda i, notify: Sequence(
-            ids, sampling, notify, index=i, chat=False, text=prompt))
+            ids, sampling, notify, index=i, chat=False, text=prompt, stream=body.stream))
         return await _respond(engine, request, body, sequences, queue, chat=False)
 
     return app
@@ -409,20 +409,27 @@ async def _stream(engine, sequences, queue, ident, created, model, chat, include
             for s in sequences:
                 yield chunk(s.index, {"role": "assistant", "content": ""})
         while len(done) < len(sequences):
-            event = await queue.get()
-            if event.error:
-                yield _sse(error_body(f"generation failed: {event.error}", "server_error"))
-                return
-            before = shown[event.index]
-            text = event.content[len(before):] if event.content.startswith(before) else ""
-            if text:
-                shown[event.index] = before + text
-                yield chunk(event.index, {"content": text}, text)
-            if event.finish_reason is not None:
-                done[event.index] = event
-                delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(_tool_calls(event))]} \
-                    if event.tool_calls else {}
-                yield chunk(event.index, delta, "", event.finish_reason)
+            events = [await queue.get()]
+            while not queue.empty():  # behind: only each choice's newest text matters (it holds all before it)
+                events.append(queue.get_nowait())
+            latest = {}
+            for event in events:
+                if latest.get(event.index) is None or latest[event.index].finish_reason is None:
+                    latest[event.index] = event
+            for event in latest.values():
+                if event.error:
+                    yield _sse(error_body(f"generation failed: {event.error}", "server_error"))
+                    return
+                before = shown[event.index]
+                text = event.content[len(before):] if event.content.startswith(before) else ""
+                if text:
+                    shown[event.index] = before + text
+                    yield chunk(event.index, {"content": text}, text)
+                if event.finish_reason is not None:
+                    done[event.index] = event
+                    delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(_tool_calls(event))]} \
+                        if event.tool_calls else {}
+                    yield chunk(event.index, delta, "", event.finish_reason)
         if include_usage:
             events = list(done.values())
             prompt = events[0].prompt_tokens

@@ -146,8 +146,9 @@ class Sequence:
     _ids = itertools.count()
 
     def __init__(self, prompt_ids: list[int], sampling: Sampling, notify, *, index: int = 0, chat: bool = True,
-                 tools=None, text: str | None = None):
+                 tools=None, text: str | None = None, stream: bool = True):
         self.id = next(self._ids)
+        self.stream = stream  # False: told only when it finishes
         self.prompt_ids, self.sampling, self.notify, self.index = list(prompt_ids), sampling, notify, index
         self.chat, self.tools, self.text = chat, tools, text
         self.generated: list[int] = []
@@ -341,6 +342,8 @@ class Engine:
         elif len(sequence.generated) >= sampling.max_tokens or \
                 len(sequence.prompt_ids) + len(sequence.generated) >= served.seq_length:
             finish = "length"
+        if finish is None and not sequence.stream and not sampling.stop:
+            return  # nobody reads the text before the end
         content, calls = self._text(sequence, ids, final=finish is not None)
         cut = min((i for i in (content.find(s) for s in sampling.stop) if i >= 0), default=-1)
         if cut >= 0:
@@ -351,6 +354,8 @@ class Engine:
             sequence.finished = True
             if calls:
                 finish = "tool_calls"
+        elif not sequence.stream:
+            return
         self._notify(sequence, Event(sequence.index, content, calls, finish, len(sequence.prompt_ids),
                                      len(sequence.generated)))
 
