@@ -155,17 +155,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
     async def _crash(request, exc: Exception):
         return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1/"):
-            header = request.headers.get("authorization", "")
-            given = header[7:] if header[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                      code="invalid_api_key")
-        return await call_next(request)
-
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(Guard, max_bytes=limits.max_body_bytes, api_key=api_key)
 
     @app.get("/health")
     async def health():
@@ -221,17 +211,25 @@ def create_app(engine: Engine, *, api_key: str | None = None, limits: Limits | N
     return app
 
 
-class BodyLimit:
-    """A pure ASGI middleware: a request body over ``max_bytes`` (by its Content-Length, or as it arrives
-    when chunked) is answered 413 before the app reads it."""
+class Guard:
+    """A pure ASGI middleware (no per-chunk cost on streams): ``/v1/`` without ``Authorization: Bearer KEY``
+    matching ``api_key`` is answered 401 (compared in constant time, ``hmac.compare_digest``); a request body
+    over ``max_bytes`` (by its Content-Length, or as it arrives when chunked) 413, before the app reads it."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, api_key: str | None = None):
         self.app, self.max_bytes = app, max_bytes
+        self.api_key = api_key.encode() if api_key is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        if self.api_key is not None and scope.get("path", "").startswith("/v1/"):
+            header = headers.get(b"authorization", b"")
+            given = header[7:] if header[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(given, self.api_key):
+                return await error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                            code="invalid_api_key")(scope, receive, send)
         length = headers.get(b"content-length")
         too_big = error_response(413, f"request body over the server's limit of {self.max_bytes} bytes",
                                  code="body_too_large")
