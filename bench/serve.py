@@ -171,9 +171,9 @@ async def level(http, base, model, clients, args):
             "ttft_p95_ms": 1000 * p95, "failed": failed}
 
 
-async def soak(http, base, model, args, rng):
+async def soak(http, base, model, args, rng, count):
     failed, dropped, kept = 0, 0, 0
-    queue = list(range(args.soak))
+    queue = list(range(count))
 
     async def client():
         nonlocal failed, dropped, kept
@@ -195,7 +195,7 @@ async def soak(http, base, model, args, rng):
         if health["running"] == 0 and health["queued"] == 0:
             break
         await asyncio.sleep(0.1)
-    return {"requests": args.soak, "dropped": dropped, "finished": kept, "failed": failed, "seconds": wall,
+    return {"requests": count, "dropped": dropped, "finished": kept, "failed": failed, "seconds": wall,
             "idle_after": health.get("running") == 0 and health.get("queued") == 0}
 
 
@@ -234,13 +234,16 @@ async def main_async(args):
             rss_levels = server.memory_info().rss
             print(f"server RSS: {rss_first / 2**20:.1f} MiB after the first request, {rss_levels / 2**20:.1f} MiB "
                   f"after the levels ({100 * (rss_levels / rss_first - 1):+.1f}%)", flush=True)
-            if args.soak:
-                result = await soak(http, base, model, args, rng)
+            rounds = 4 if args.soak >= 4 else 1
+            for round_ in range(rounds if args.soak else 0):  # memory read after each quarter: flat or growing
+                count = args.soak // rounds + (round_ < args.soak % rounds)
+                result = await soak(http, base, model, args, rng, count)
                 rss_soak = server.memory_info().rss
-                print(f"soak: {result['requests']} requests from {args.soak_clients} clients in "
-                      f"{result['seconds']:.1f} s: {result['dropped']} dropped mid-stream, {result['finished']} "
+                print(f"soak {round_ + 1}/{rounds}: {result['requests']} requests from {args.soak_clients} clients "
+                      f"in {result['seconds']:.1f} s: {result['dropped']} dropped mid-stream, {result['finished']} "
                       f"finished, {result['failed']} failed; idle after: {result['idle_after']}; RSS "
-                      f"{rss_soak / 2**20:.1f} MiB ({100 * (rss_soak / rss_first - 1):+.1f}% on the first request)")
+                      f"{rss_soak / 2**20:.1f} MiB ({100 * (rss_soak / rss_first - 1):+.1f}% on the first request)",
+                      flush=True)
     finally:
         process.terminate()
         try:
