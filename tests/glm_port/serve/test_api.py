@@ -278,3 +278,17 @@ def test_what_is_not_done_is_refused_by_name(client, live):
         client.completions.create(model=name, prompt="hi", max_tokens=2, echo=True)
     assert client.chat.completions.create(model=name, messages=HELLO, max_tokens=2,
                                           response_format={"type": "text"}).choices
+
+
+def test_disconnect_stops_a_non_streamed_request(live):
+    engine = live.engine
+    body = {"model": live.served.name, "prompt": "a long tale", "max_tokens": 256, "temperature": 0}
+    steps = engine.steps
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=httpx.Timeout(10, read=0.3))
+    deadline = time.monotonic() + 20
+    while engine.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.running
+    assert engine.steps - steps < 250, "the request ran to its end after its client left"
