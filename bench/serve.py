@@ -204,10 +204,12 @@ async def main_async(args):
     import psutil
 
     rng = random.Random(args.seed)
+    written = None
     if args.width:
         import tempfile
 
-        args.model = write_model(args.width, args.layers, tempfile.mkdtemp(prefix="bench-serve-"))
+        written = tempfile.TemporaryDirectory(prefix="bench-serve-")  # removed at the end
+        args.model = write_model(args.width, args.layers, written.name)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     process = start_server(args, port)
@@ -250,6 +252,8 @@ async def main_async(args):
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+        if written is not None:
+            written.cleanup()
 
 
 def main(argv=None):
