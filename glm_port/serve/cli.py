@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model id clients name (default: the directory's name)")
     net = parser.add_argument_group("network and access")
     net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    net.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    net.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     net.add_argument("--api-key", default=os.environ.get("GLM_SERVE_API_KEY"),
                      help="clients must send 'Authorization: Bearer KEY' to /v1/ (default: $GLM_SERVE_API_KEY; "
                           "required when --host is not a loopback address)")
@@ -90,7 +90,9 @@ def check(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         raise UsageError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
-    if not 0 <= args.port <= 65535:
+    if not 0 <= args.temperature <= 2 or not 0 < args.top_p <= 1:
+        raise UsageError("--temperature must be in [0, 2] and --top-p in (0, 1]")
+    if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: not a TCP port")
     if args.batch_wait_ms < 0:
         raise UsageError("--batch-wait-ms must not be negative")

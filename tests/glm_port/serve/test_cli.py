@@ -17,6 +17,8 @@ from glm_port.serve import cli
     (["--max-batch", "0"], "--max-batch must be at least 1"),
     (["--max-queue", "0"], "--max-queue must be at least 1"),
     (["--port", "70000"], "not a TCP port"),
+    (["--top-p", "0"], "--top-p in (0, 1]"),
+    (["--model", "/nonexistent/model"], "no such file or directory"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("GLM_SERVE_API_KEY", raising=False)
