@@ -340,18 +340,25 @@ async def _respond(engine: Engine, request: Request, body: _Sampled, sequences, 
         return StreamingResponse(_stream(engine, sequences, queue, ident, created, body.model, chat, usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     finals: dict[int, Event] = {}
+
+    async def disconnected():  # the body has been read: the next message is the client leaving
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(disconnected())
     try:
         while len(finals) < len(sequences):
-            try:
-                event = await asyncio.wait_for(queue.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    engine.cancel(sequences)
-                    return error_response(499, "client closed the request")
-                continue
+            waiting = asyncio.ensure_future(queue.get())
+            await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                waiting.cancel()
+                engine.cancel(sequences)  # their rows leave the batch at the next step
+                return error_response(499, "client closed the request")
+            event = waiting.result()
             if event.finish_reason is not None:
                 finals[event.index] = event
     finally:
+        gone.cancel()
         if len(finals) < len(sequences):
             engine.cancel(sequences)
     errors = [e.error for e in finals.values() if e.error]

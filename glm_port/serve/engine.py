@@ -47,6 +47,7 @@ class ServedModel:
     def __init__(self, model, tokenizer, family, name: str):
         self.model, self.tokenizer, self.family, self.name = model, tokenizer, family, name
         self.chat = family.binding("chat") if family.chat else None
+        self._stops: dict[bool, frozenset[int]] = {}
         config = model.config
         self.seq_length = int(getattr(config, "seq_length", None) or getattr(config, "max_sequence_length", None)
                               or getattr(config, "max_position_embeddings", 2048))
@@ -102,10 +103,14 @@ class ServedModel:
         return self.chat.parse_reply(self.tokenizer, ids, tools, final)
 
     def stop_ids(self, chat: bool) -> frozenset[int]:
-        if chat:
-            return frozenset(self.chat.reply_stop_ids(self.model, self.tokenizer))
-        eos = self.model.config.eos_token_id
-        return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+        """The ids a reply ends at (chat: the chat format's; else the model's eos), computed once."""
+        if chat not in self._stops:
+            if chat:
+                self._stops[chat] = frozenset(self.chat.reply_stop_ids(self.model, self.tokenizer))
+            else:
+                eos = self.model.config.eos_token_id
+                self._stops[chat] = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+        return self._stops[chat]
 
     def fill(self, prompts: list[str], max_new_tokens: int, **kwargs) -> list[dict]:
         """Whole requests through the family's ``generate`` (GLM: every blank filled)."""

@@ -281,12 +281,17 @@ def test_what_is_not_done_is_refused_by_name(client, live):
 
 
 def test_disconnect_stops_a_non_streamed_request(live):
+    """A non-streamed request whose client leaves (here: gives up after 0.2 s) stops at the next step; the
+    request (8 sampled choices of 256 tokens, the cap of this server) would run longer."""
     engine = live.engine
-    body = {"model": live.served.name, "prompt": "a long tale", "max_tokens": 256, "temperature": 0}
+    body = {"model": live.served.name, "prompt": "a long tale", "max_tokens": 256, "n": 8, "temperature": 1.0,
+            "seed": 1}
     steps = engine.steps
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(live.url + "/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
-                   timeout=httpx.Timeout(10, read=0.3))
+                   timeout=httpx.Timeout(10, read=0.2))
+    if not engine.running and engine.steps - steps >= 250:
+        pytest.skip("this machine ran the whole request in 0.2 s: no disconnect to observe")
     deadline = time.monotonic() + 20
     while engine.running and time.monotonic() < deadline:
         time.sleep(0.05)
