@@ -71,10 +71,10 @@ class ServedModel:
             raise ValueError(f"the {family.name} family has no generation binding to serve")
         short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: None}[torch_dtype]
         model, tokenizer = family.binding("generation").load(path, dtype=short, device=device)
-        if chat_format is not None:
-            if family.chat is None or not hasattr(tokenizer, "chat_format"):
+        if chat_format is not None and chat_format != getattr(tokenizer, "chat_format", None):
+            if family.chat is None or not hasattr(tokenizer, "vocab_file"):
                 raise ValueError(f"--chat-format: the {family.name} family has no chat format to choose")
-            tokenizer.chat_format = chat_format
+            tokenizer = type(tokenizer)(tokenizer.vocab_file, chat_format=chat_format)  # its specials differ
         return cls(model.eval(), tokenizer, family, name or str(path).rstrip("/").rsplit("/", 1)[-1])
 
     # ------------------------------------------------------------ the family-facing interface

@@ -71,3 +71,19 @@ def test_chatglm2_rounds_and_system(chatglm2):
             chatglm2.encode_chat(bad)
     with pytest.raises(ValueError, match="tool"):
         chatglm2.encode_chat([{"role": "user", "content": "hi"}], TOOLS)
+
+
+def test_a_directory_served_in_another_chat_format(tmp_path, one_thread):
+    """``glm-serve --model DIR --chat-format chatglm3`` on a directory whose tokenizer says chatglm2: the
+    tokenizer is rebuilt with ChatGLM3's role tokens (setting the name alone would leave them out)."""
+    from glm_port.models import build_tiny
+    from glm_port.serve.engine import ServedModel
+
+    model, tokenizer = build_tiny()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert ServedModel.load(tmp_path).chat_format == "chatglm2"
+    served = ServedModel.load(tmp_path, chat_format="chatglm3")
+    assert served.chat_format == "chatglm3"
+    ids = served.encode_chat([{"role": "user", "content": "hi"}])
+    assert served.tokenizer.get_command("<|user|>") in ids and ids[-1] == served.tokenizer.get_command("<|assistant|>")
