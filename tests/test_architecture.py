@@ -60,7 +60,7 @@ LAYERS = {
         ("glm_port.models",),  # the families (each folder: config, model, weights, tokenizer, bindings)
         # the commands and what they share, on top of any family
         ("glm_port.generation", "glm_port.generate", "glm_port.finetune", "glm_port.convert", "glm_port.chat",
-         "glm_port.pretrain_glm", "glm_port.arguments", "glm_port.__init__"),
+         "glm_port.pretrain_glm", "glm_port.arguments", "glm_port.serve", "glm_port.__init__"),
     ],
 }
 
@@ -209,3 +209,14 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypa
     assert edges["pkg.a"] == {"pkg.sub.b"}
     assert edges["pkg.sub.b"] == {"pkg.a", "pkg.sub.c"}
     assert find_cycle(edges, set(edges)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+
+
+def test_the_server_imports_no_family_module(graph):
+    """glm-serve reaches the families through the registry only (``glm_port.models``), so that the family
+    contract can replace what it uses without touching it."""
+    families = [name for name in graph if name.startswith("glm_port.models.") and name.count(".") >= 3]
+    assert families, "no family modules found: the check would be empty"
+    serve = {name: deps for name, deps in graph.items() if _under(name, "glm_port.serve")}
+    assert serve, "glm_port.serve not found"
+    bad = {name: sorted(d for d in deps if d.startswith("glm_port.models.")) for name, deps in serve.items()}
+    assert not {name: deps for name, deps in bad.items() if deps}

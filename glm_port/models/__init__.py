@@ -25,9 +25,24 @@ class Family:
     # Module with glm-finetune's binding (load, encode, collate, logits, generate, save...: see
     # glm_port/models/glm/finetune.py); None: the family is not finetuned by glm-finetune.
     finetune: str | None = None
+    # Module with the chat format a server speaks (glm_port.serve): ``chat_format(tokenizer)``,
+    # ``encode_messages(tokenizer, messages, tools) -> ids``, ``reply_stop_ids(model, tokenizer)``,
+    # ``parse_reply(tokenizer, ids, tools, final) -> (content, tool_calls)``; None: the family does not chat.
+    chat: str | None = None
+    # Module with ``build_tiny(chat_format=...) -> (model, tokenizer)``: the embedded random-init model the
+    # commands use when given no weights; None: the family has none.
+    tiny: str | None = None
 
     def load(self, attribute: str):
         return getattr(importlib.import_module(self.module), attribute)
+
+    def binding(self, kind: str):
+        """The module of one of this family's bindings (``"generation"``, ``"finetune"``, ``"chat"``,
+        ``"tiny"``), imported on first use; a ValueError when the family has none."""
+        module = getattr(self, kind)
+        if module is None:
+            raise ValueError(f"the {self.name} family has no {kind} binding")
+        return importlib.import_module(module)
 
 
 FAMILIES: dict[str, Family] = {
@@ -35,8 +50,10 @@ FAMILIES: dict[str, Family] = {
                   generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune"),
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
                        generation="glm_port.models.chatglm2.generation",
-                       finetune="glm_port.models.chatglm2.finetune"),
+                       finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
+                       tiny="glm_port.models.chatglm2.tiny"),
 }
+TINY_FAMILY = "chatglm2"  # the family of the embedded model a command runs with no weights given
 
 
 class UnknownFamily(ValueError):
@@ -50,6 +67,12 @@ def family_for(model_type: str | None) -> Family:
             return family
     known = ", ".join(t for f in FAMILIES.values() for t in f.model_types)
     raise UnknownFamily(f"unknown model family {model_type!r} in config.json; this version reads: {known}")
+
+
+def build_tiny(family: str = TINY_FAMILY, **kwargs):
+    """``(model, tokenizer)``: a family's embedded random-init model (keyword arguments go to its
+    ``build_tiny``, e.g. ``chat_format="chatglm3"``)."""
+    return FAMILIES[family].binding("tiny").build_tiny(**kwargs)
 
 
 def register(family: Family) -> None:

@@ -29,6 +29,7 @@ The past is extended in place (as transformers' caches are); pass ``copy.deepcop
 from __future__ import annotations
 
 import ast
+import json
 import contextlib
 import copy
 import queue
@@ -304,3 +305,114 @@ def _stream_chatglm3(model, tokenizer, query, history, role, kwargs):
     text = tokenizer.decode(_new_ids(new, stops))
     if text != last:  # the whole reply comes last, as chat returns it (empty, or cut in a character)
         yield process_chatglm3_response(text, messages)
+
+
+# ---------------------------------------------------------------- the chat format as a server speaks it
+# (glm_port.serve reaches these through the registry's ``Family.chat``; messages are OpenAI's dicts)
+
+TOOLS_SYSTEM = "Answer the following questions as best as you can. You have access to the following tools:"
+
+
+def chat_format(tokenizer) -> str:
+    """"chatglm2" or "chatglm3": the tokenizer's chat format."""
+    return getattr(tokenizer, "chat_format", "chatglm2")
+
+
+def _tool_call_code(arguments) -> str:
+    """ChatGLM3's way of writing a call it made: ``tool_call(key=literal, ...)`` in a python fence."""
+    if not isinstance(arguments, dict) or not all(isinstance(k, str) and k.isidentifier() for k in arguments):
+        raise ValueError("a tool call's arguments must be a JSON object with identifier keys")
+    inner = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+    return f"```python\ntool_call({inner})\n```"
+
+
+def encode_messages(tokenizer, messages: list[dict], tools=None) -> list[int]:
+    """The prompt ids of an OpenAI-style conversation (``{"role", "content"[, "tool_calls"]}`` dicts; roles
+    system/user/assistant/tool) in the tokenizer's chat format, ending where the assistant's reply starts.
+
+    ChatGLM3: messages map to THUDM's (``tool`` -> ``observation``; an assistant's ``tool_calls`` -> one
+    assistant message per call, its name as metadata, its arguments as ``tool_call(...)``); ``tools`` (OpenAI's
+    ``{"type": "function", "function": {...}}``) go to the system message as THUDM's demo puts them. The last
+    message is a user or tool message. ChatGLM2: user/assistant rounds, a system message prepended to the
+    first query (as THUDM's ChatGLM2 API does); tools are ChatGLM3's. A ValueError says what does not fit."""
+    if not messages:
+        raise ValueError("messages: at least one message is needed")
+    if chat_format(tokenizer) != "chatglm3":
+        return _encode_chatglm2(tokenizer, messages, tools)
+    history, rest = [], list(messages)
+    if tools:
+        functions = [tool.get("function", tool) if isinstance(tool, dict) else tool for tool in tools]
+        system = rest.pop(0).get("content") or "" if rest[0]["role"] == "system" else TOOLS_SYSTEM
+        history.append({"role": "system", "content": system, "tools": functions})
+    for message in rest:
+        role, content = message["role"], message.get("content") or ""
+        if role == "assistant" and message.get("tool_calls"):
+            if content:
+                history.append({"role": "assistant", "content": content})
+            for call in message["tool_calls"]:
+                function = call.get("function") or {}
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"a tool call's arguments are not valid JSON ({error.msg})") from None
+                history.append({"role": "assistant", "metadata": function.get("name") or "",
+                                "content": _tool_call_code(arguments)})
+        elif role == "tool":
+            history.append({"role": "observation", "content": content})
+        elif role in ("system", "user", "assistant"):
+            history.append({"role": role, "content": content})
+        else:
+            raise ValueError(f"message role {role!r} is not one of system, user, assistant, tool")
+    last = history.pop()
+    if last["role"] not in ("user", "observation"):
+        raise ValueError("the last message must be a user or tool message")
+    return tokenizer.build_chat_input(last["content"], history, role=last["role"])["input_ids"][0].tolist()
+
+
+def _encode_chatglm2(tokenizer, messages, tools):
+    if tools:
+        raise ValueError("tools: this model's chat format (chatglm2) has no tool calls (ChatGLM3's has)")
+    system, rounds, query = "", [], None
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "system":
+            system += content
+        elif role == "user":
+            if query is not None:
+                raise ValueError("two user messages in a row: chatglm2's format alternates user and assistant")
+            query, system = system + content, ""
+        elif role == "assistant":
+            if query is None:
+                raise ValueError("an assistant message must follow a user message in chatglm2's format")
+            rounds.append((query, content))
+            query = None
+        else:
+            raise ValueError(f"message role {role!r}: chatglm2's format has system, user and assistant only")
+    if query is None:
+        raise ValueError("the last message must be a user message")
+    return tokenizer([tokenizer.build_prompt(query, rounds)])["input_ids"][0]
+
+
+def reply_stop_ids(model, tokenizer) -> list[int]:
+    """The ids a chat reply ends at (``stop_ids``)."""
+    return stop_ids(model, tokenizer)
+
+
+def parse_reply(tokenizer, ids: list[int], tools=None, final: bool = True):
+    """``(content, tool_calls)`` of a reply's new ids (its stop id excluded): the text as ``chat`` returns it,
+    and ChatGLM3's tool call as ``[{"name", "arguments"}]`` (arguments a JSON string) when ``tools`` were
+    given. ``final=False`` (a reply still growing): the content only as far as it is surely plain text (a
+    ChatGLM3 reply whose first line names a tool, or not yet known, holds its content back), so that what a
+    stream shows is a prefix of the final content."""
+    if chat_format(tokenizer) != "chatglm3":
+        return process_response(tokenizer.decode(ids, skip_special_tokens=True)), []
+    text = tokenizer.decode(ids)
+    if not final and ("\n" not in text or text.split("\n", 1)[0].strip() or "<|assistant|>" in text):
+        return "", []
+    start = [{"role": "system", "content": "", "tools": tools}] if tools else [{"role": "user", "content": ""}]
+    response, _ = process_chatglm3_response(text, start)
+    if isinstance(response, dict):
+        if "parameters" in response:
+            return "", [{"name": response["name"], "arguments": json.dumps(response["parameters"], ensure_ascii=False)}]
+        return response["content"], []
+    return response, []

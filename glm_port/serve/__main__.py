@@ -1,0 +1,5 @@
+import sys
+
+from glm_port.serve.cli import main
+
+sys.exit(main())
