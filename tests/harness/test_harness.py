@@ -110,3 +110,83 @@ def test_a_missing_vocabulary_is_a_one_line_error(main, tmp_path, capsys, monkey
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "no BERT vocabulary: give --vocab PATH or set GLM_VOCAB" in err and "Traceback" not in err
+
+
+# -- the other entry points (harness.entrypoints), without a checkout ---------------------------
+
+from harness import entrypoints  # noqa: E402
+
+
+def test_entry_point_data_is_written_in_upstreams_formats_the_same_every_time(tmp_path):
+    root = entrypoints.write_data(tmp_path / "a")
+    again = entrypoints.write_data(tmp_path / "b")
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert all((root / f).read_bytes() == (again / f).read_bytes() for f in files)
+    rte = [json.loads(x) for x in (root / "RTE" / "val.jsonl").read_text().splitlines()]
+    assert {"premise", "hypothesis", "label", "idx"} <= set(rte[0]) and rte[0]["label"] in ("entailment", "not_entailment")
+    copa = json.loads((root / "COPA" / "train.jsonl").read_text().splitlines()[0])
+    assert {"premise", "choice1", "choice2", "question", "label", "idx"} <= set(copa)
+    assert "label" not in json.loads((root / "RTE" / "test.jsonl").read_text().splitlines()[0])
+    for split in ("train", "val", "test"):  # upstream's seq2seq reads its dev split from val.*
+        sources = (root / "s2s" / f"{split}.source").read_text().splitlines()
+        assert len(sources) == len((root / "s2s" / f"{split}.target").read_text().splitlines()) > 0
+    assert all("text" in json.loads(x) for x in (root / "lm" / "lambada_test.jsonl").read_text().splitlines())
+    assert " = Title = " in (root / "lm" / "wiki.test.tokens").read_text()
+
+
+def test_entry_point_figures_are_read_from_upstreams_lines():
+    text = "\n".join([
+        " iteration        2/       8 | elapsed time per iteration (ms): 313.5 | learning rate 8.500E-05 | lm loss 5.872517E-01 |",
+        " >> |epoch: 0| overall: total = 8 accuracy = 62.5000",
+        "number correct: 3.0 | total examples: 8 | avg accuracy: 0.38",
+        "avg loss: 1.0333E+01 | ppl: 3.0728E+04 | adjusted ppl: 7.1182E+04 | token ratio: 1.08 |",
+        "GLM: <|startofpiece|> coin coin",
+    ])  # fmt: skip
+    figures = entrypoints.Figures()
+    entrypoints.read_figures(text, figures)
+    assert [w for w, _ in figures.items] == ["lm loss", "overall", "lambada", "wikitext", "generated"]
+    assert figures.items[1] == ("overall", "0 total = 8 accuracy = 62.5000")
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    ("lm loss 9.997754", "lm loss 9.997755", True),  # the 7th digit: within 1e-6
+    ("accuracy = 62.5000", "accuracy = 37.5000", False),
+    ("<|startofpiece|> coin coin", "<|startofpiece|> coin", False),
+    ("american american", "american britain", False),
+])  # fmt: skip
+def test_figures_agree_word_by_word_numbers_within_the_tolerance(a, b, equal):
+    assert entrypoints.same(a, b, 1e-6) is equal
+
+
+def test_an_entry_point_comparison_names_what_differs_and_a_failed_run():
+    def side(*items, code=0):
+        return entrypoints.SideRun(code, entrypoints.Figures(list(items)), Path("x.log"), "" if code == 0 else "Boom: no")
+
+    ok = entrypoints.EntryComparison("superglue", side(("lm loss", "0.5")), side(("lm loss", "0.5")), 1e-6)
+    assert ok.ok and "MATCH" in entrypoints.table(ok)
+    off = entrypoints.EntryComparison("generate", side(("generated", "a b")), side(("generated", "a c")), 1e-6)
+    assert not off.ok and off.problems == ["generated: 'a b' (original) vs 'a c' (ported)"]
+    failed = entrypoints.EntryComparison("lambada", side(), side(code=1), 1e-6)
+    assert failed.problems == ["ported run failed: Boom: no (log: x.log)"]
+
+
+def test_shard_digest_reads_every_tensor_of_a_checkpoint_holding_a_namespace(tmp_path):
+    import argparse
+
+    import torch
+
+    (tmp_path / "5").mkdir()
+    torch.save({"module": {"w": torch.ones(2, 3)}, "args": argparse.Namespace(a=1), "iteration": 5},
+               tmp_path / "5" / "mp_rank_00_model_states.pt")  # fmt: skip
+    digest = dict(entrypoints.shard_digest(tmp_path))
+    assert digest["5/mp_rank_00_model_states.pt args"] == "Namespace"
+    assert digest["5/mp_rank_00_model_states.pt module.w"].startswith("(2, 3) ")
+
+
+def test_verify_entry_points_flag_defaults_to_pretraining_and_refuses_unknown_names(capsys):
+    assert verify.parser().parse_args(["GLM"]).entry_points == ["pretrain"]
+    assert verify.parser().parse_args(["GLM", "--entry-points", "superglue", "generate"]).entry_points == ["superglue", "generate"]
+    with pytest.raises(SystemExit) as exit_:
+        verify.parser().parse_args(["GLM", "--entry-points", "nope"])
+    assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
