@@ -92,11 +92,18 @@ ENTRY_POINTS = {
         EntryPoint("generate", "generate_samples.py (greedy, prompts on stdin)",
                    "generate_samples.py --load-pretrained P --top-k 1 --out-seq-length 16 < prompts",
                    "the generated text of each prompt"),
+        EntryPoint("generate_topk", "generate_samples.py (top-k 40 sampling, as generate_block.sh; seed 1234)",
+                   "generate_samples.py --load-pretrained P --temperature 0.9 --top-k 40 --out-seq-length 16 < prompts",
+                   "the sampled text of each prompt"),
         EntryPoint("change_mp", "change_mp.py (model-parallel 1 -> 2)",
                    "change_mp.py P 2",
                    "every tensor of both new shards, byte for byte (SHA-256), and the kept keys"),
     ]
 }
+
+
+# the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
+MODES = {name: ("1",) if name in ("resume", "change_mp") else ("1", "tp2") for name in ENTRY_POINTS}
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -145,10 +152,15 @@ def write_data(root: Path) -> Path:
     return root
 
 
-def _launch(side: str, script: str) -> list[str]:
+def _launch(side: str, script: str, mode: str = "1") -> list[str]:
+    """How ``script`` starts on ``side``: one process, or (``tp2``) two under torchrun."""
     from harness.verify import ABSENT  # the migrated tree runs with apex and DeepSpeed unimportable
 
-    return [sys.executable, script] if side == "original" else [sys.executable, "-m", "harness.without", ABSENT, script]
+    own = [script] if side == "original" else ["-m", "harness.without", ABSENT, script]
+    if mode == "1":
+        return [sys.executable, *own]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(up.free_port()), *own]  # fmt: skip
 
 
 def _one_process_env(env: dict) -> dict:
@@ -174,6 +186,23 @@ def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int) 
 
         raise up.HarnessError(f"pretraining the checkpoint failed: {failure_cause(code, text)} (log: {workdir}/pretrained.log)")
     return found[0].parent
+
+
+def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, timeout: int) -> Path:
+    """``pretrained`` split for model-parallel size 2 by the migrated tree's own ``change_mp.py``
+    (what the ``tp2`` runs load)."""
+    from harness.verify import failure_cause
+
+    copy = Path(workdir) / "pretrained-mp" / pretrained.name
+    if copy.parent.exists():
+        shutil.rmtree(copy.parent)
+    shutil.copytree(pretrained, copy)
+    log = Path(workdir) / "pretrained-mp2.log"
+    code, text = up.run_upstream(_launch("ported", "change_mp.py") + [str(copy), "2"], ported, _one_process_env(env),
+                                 log, timeout)  # fmt: skip
+    if code != 0:
+        raise up.HarnessError(f"change_mp.py to model-parallel size 2 failed: {failure_cause(code, text)} (log: {log})")
+    return copy.parent / f"{copy.name}_MP2"
 
 
 def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list[str]:
@@ -239,17 +268,21 @@ def shard_digest(directory: Path) -> list[tuple[str, str]]:
 
 
 def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretrained: Path, workdir: Path,
-              timeout: int) -> SideRun:  # fmt: skip
+              timeout: int, mode: str = "1") -> SideRun:  # fmt: skip
     """Run entry point ``name`` in ``tree`` (``side``: "original" under ``env`` with the mock,
-    "ported" without) and read its figures."""
+    "ported" without) and read its figures. ``mode`` ``tp2``: two processes under torchrun with
+    ``--model-parallel-size 2``, ``pretrained`` then being a checkpoint of that size (:func:`pretrained_mp2`)."""
     from harness.verify import EXTRA_FLAGS, failure_cause
 
-    out = Path(workdir) / f"{name}.{side}"
+    if mode not in MODES[name]:
+        raise ValueError(f"{name} does not run in mode {mode}")
+    out = Path(workdir) / f"{name}.{mode}.{side}"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    log = Path(workdir) / f"{name}.{side}.log"
+    log = Path(workdir) / f"{name}.{mode}.{side}.log"
     env = _one_process_env(env)
+    parallel = ["--model-parallel-size", "2"] if mode == "tp2" else []
     figures = Figures()
     stdin = None
     if name == "resume":
@@ -272,17 +305,19 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         if code == 0:
             for what, value in shard_digest(out / "checkpoint_MP2"):
                 figures.add(what, value)
-    elif name == "generate":
+    elif name in ("generate", "generate_topk"):
         stdin = "".join(p + "\n" for p in GENERATE_PROMPTS) + "stop\n"
-        flags = [*MODEL_FLAGS, "--load-pretrained", str(pretrained), "--DDP-impl", "none", "--model-parallel-size", "1",
-                 "--out-seq-length", "16", "--seq-length", "64", "--temperature", "0.9", "--top-k", "1", "--top-p", "0"]  # fmt: skip
-        code, text = up.run_upstream(_launch(side, "generate_samples.py") + flags, tree, env, log, timeout, stdin=stdin)
+        top_k = "1" if name == "generate" else "40"  # greedy; or scripts/generate_block.sh's sampling
+        flags = [*MODEL_FLAGS, "--load-pretrained", str(pretrained), "--DDP-impl", "none", *parallel,
+                 "--out-seq-length", "16", "--seq-length", "64", "--temperature", "0.9", "--top-k", top_k, "--top-p", "0"]  # fmt: skip
+        code, text = up.run_upstream(_launch(side, "generate_samples.py", mode) + flags, tree, env, log, timeout,
+                                     stdin=stdin)  # fmt: skip
     else:
         hyps = tree / "runs" / name / "test.jsonl.hyps"  # the seq2seq test predictions, one a line (log dir)
         if hyps.exists():
             hyps.unlink()
-        flags = _finetune_flags(name, data, pretrained, out / "save")
-        code, text = up.run_upstream(_launch(side, "finetune_glm.py") + flags, tree, env, log, timeout)
+        flags = _finetune_flags(name, data, pretrained, out / "save") + parallel
+        code, text = up.run_upstream(_launch(side, "finetune_glm.py", mode) + flags, tree, env, log, timeout)
         if code == 0 and name == "seq2seq":
             for line in hyps.read_text(encoding="utf-8").splitlines():
                 figures.add("summary", line)
@@ -315,6 +350,7 @@ class EntryComparison:
     original: SideRun
     ported: SideRun
     rtol: float
+    mode: str = "1"
     problems: list[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -357,7 +393,8 @@ def summary(figures: Figures, limit: int = 3) -> str:
 
 def table(comparison: EntryComparison) -> str:
     entry = ENTRY_POINTS[comparison.name]
-    lines = [f"## {entry.title}", "", f"compared: {entry.compared}"]
+    where = ", torchrun 2, --model-parallel-size 2" if comparison.mode == "tp2" else ""
+    lines = [f"## {entry.title}{where}", "", f"compared: {entry.compared}"]
     if comparison.original.code == 0 and comparison.ported.code == 0:
         lines.append(f"original: {summary(comparison.original.figures)}")
         lines.append(f"ported:   {summary(comparison.ported.figures)}")

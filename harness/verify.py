@@ -47,7 +47,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness import upstream as up
-from harness.entrypoints import ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, run_entry, write_data
+from harness.entrypoints import ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, pretrained_mp2, run_entry, write_data
+from harness.entrypoints import MODES as ENTRY_MODES
 from harness.entrypoints import table as entry_table
 from harness.upstream import ELAPSED, ported_env
 from migrate.rules import Forbid, load_tables
@@ -266,21 +267,33 @@ def table(comparison: Comparison) -> str:
 
 
 def run_entry_points(names: list[str], original: Path, ported: Path, workdir: Path, args) -> list[EntryComparison]:
-    """Each entry point of ``names`` (harness.entrypoints) on both sides, one process each, from one
-    pretrained checkpoint and the data written under ``workdir``; a table printed per entry point."""
+    """Each entry point of ``names`` (harness.entrypoints) on both sides in each of ``args.entry_modes``
+    it runs in, from one pretrained checkpoint (split to model-parallel 2 by change_mp.py for ``tp2``)
+    and the data written under ``workdir``; a table printed per run."""
     data = write_data(workdir / "data")
     results = []
     try:
         pretrained = pretrained_checkpoint(ported, ported_env(), workdir, args.timeout)
     except up.HarnessError as exc:
         print(f"entry points not run: {exc}")
-        return [EntryComparison(n, SideRun(1, Figures(), workdir / "pretrained.log", str(exc)),
-                                SideRun(1, Figures(), workdir / "pretrained.log", str(exc)), args.entry_rtol)
-                for n in names]  # fmt: skip
-    for name in tqdm(names, desc="entry points", unit="entry", disable=None):
-        theirs = run_entry(name, "original", original, up.mock_env(""), data, pretrained, workdir, args.timeout)
-        ours = run_entry(name, "ported", ported, ported_env(), data, pretrained, workdir, args.timeout)
-        results.append(EntryComparison(name, theirs, ours, args.entry_rtol))
+        failed = SideRun(1, Figures(), workdir / "pretrained.log", str(exc))
+        return [EntryComparison(n, failed, failed, args.entry_rtol) for n in names]
+    runs = [(name, mode) for mode in args.entry_modes for name in names if mode in ENTRY_MODES[name]]
+    checkpoints = {"1": pretrained}
+    for name, mode in tqdm(runs, desc="entry points", unit="entry", disable=None):
+        if mode not in checkpoints:
+            try:
+                checkpoints[mode] = pretrained_mp2(ported, ported_env(), pretrained, workdir, args.timeout)
+            except up.HarnessError as exc:
+                checkpoints[mode] = exc
+        if isinstance(checkpoints[mode], up.HarnessError):
+            failed = SideRun(1, Figures(), workdir / "pretrained-mp2.log", str(checkpoints[mode]))
+            results.append(EntryComparison(name, failed, failed, args.entry_rtol, mode))
+        else:
+            theirs = run_entry(name, "original", original, up.mock_env(""), data, checkpoints[mode], workdir,
+                               args.timeout, mode)  # fmt: skip
+            ours = run_entry(name, "ported", ported, ported_env(), data, checkpoints[mode], workdir, args.timeout, mode)
+            results.append(EntryComparison(name, theirs, ours, args.entry_rtol, mode))
         tqdm.write(entry_table(results[-1]) + "\n")
     return results
 
@@ -298,6 +311,9 @@ def parser() -> argparse.ArgumentParser:
                    help="1: one process; dp2: torchrun, 2 data-parallel ranks; tp2: --model-parallel-size 2")
     p.add_argument("--no-mpu-tests", action="store_true", help="skip the migrated mpu/tests scripts")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per printed loss (default 1e-4)")
+    p.add_argument("--entry-modes", nargs="+", choices=["1", "tp2"], default=["1"],
+                   help="modes for the entry points other than pretrain: 1 one process (default); tp2 torchrun 2 with "
+                   "--model-parallel-size 2 from the checkpoint change_mp.py splits (not resume, change_mp)")
     p.add_argument("--entry-rtol", type=float, default=1e-6,
                    help="relative tolerance per number the other entry points print (default 1e-6: the last of 7 digits)")
     p.add_argument("--vocab", type=Path, help=f"BERT's {up.VOCAB_NAME} (or a directory holding it) to use if "

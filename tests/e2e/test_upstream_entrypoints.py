@@ -1,7 +1,7 @@
 """Upstream's other entry points on a real THUDM/GLM checkout (GLM_UPSTREAM; skipped without one).
 
-Each runs unmodified under glm-mock and migrated without it (apex, DeepSpeed unimportable), one
-process, from one checkpoint the migrated pretraining wrote, on data written here in upstream's
+Each runs unmodified under glm-mock and migrated without it (apex, DeepSpeed unimportable), in one
+process and (``tp2``) under torchrun 2 with --model-parallel-size 2, from one checkpoint the migrated pretraining wrote, on data written here in upstream's
 formats; the figures each prints (losses, accuracies, ROUGE, perplexity, generated text, resharded
 tensors) are equal (numbers within 1e-6 relative). Slow: about a minute per entry point on two cores.
 """
@@ -23,14 +23,25 @@ def inputs(trees, tmp_path_factory):
     return data, entrypoints.pretrained_checkpoint(ported, verify.ported_env(), workdir, 900), workdir
 
 
+@pytest.fixture(scope="module")
+def pretrained_mp2(trees, inputs):
+    _, pretrained, workdir = inputs
+    return entrypoints.pretrained_mp2(trees[1], verify.ported_env(), pretrained, workdir, 900)
+
+
+RUNS = [(n, m) for m in ("1", "tp2") for n in entrypoints.ENTRY_POINTS if m in entrypoints.MODES[n] and n != "resume"]
+
+
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("name", [n for n in entrypoints.ENTRY_POINTS if n != "resume"])  # resume: test_upstream_e2e
-def test_entry_point_gives_the_originals_figures(trees, inputs, name):
+@pytest.mark.parametrize("name, mode", RUNS)  # resume: test_upstream_e2e.py
+def test_entry_point_gives_the_originals_figures(trees, inputs, request, name, mode):
     original, ported = trees
     data, pretrained, workdir = inputs
-    theirs = entrypoints.run_entry(name, "original", original, harness.mock_env(""), data, pretrained, workdir, 900)
-    ours = entrypoints.run_entry(name, "ported", ported, verify.ported_env(), data, pretrained, workdir, 900)
-    comparison = entrypoints.EntryComparison(name, theirs, ours, rtol=1e-6)
+    if mode == "tp2":
+        pretrained = request.getfixturevalue("pretrained_mp2")
+    theirs = entrypoints.run_entry(name, "original", original, harness.mock_env(""), data, pretrained, workdir, 900, mode)
+    ours = entrypoints.run_entry(name, "ported", ported, verify.ported_env(), data, pretrained, workdir, 900, mode)
+    comparison = entrypoints.EntryComparison(name, theirs, ours, rtol=1e-6, mode=mode)
     print(entrypoints.table(comparison))
     assert comparison.ok, entrypoints.table(comparison)
-    assert len(theirs.figures.items) >= {"lambada": 1, "wikitext": 1, "generate": 2}.get(name, 3)
+    assert len(theirs.figures.items) >= {"lambada": 1, "wikitext": 1, "generate": 2, "generate_topk": 2}.get(name, 3)
