@@ -44,4 +44,6 @@ def test_entry_point_gives_the_originals_figures(trees, inputs, request, name, m
     comparison = entrypoints.EntryComparison(name, theirs, ours, rtol=1e-6, mode=mode)
     print(entrypoints.table(comparison))
     assert comparison.ok, entrypoints.table(comparison)
+    if comparison.defect:  # upstream's own failure, alike on both sides (harness.entrypoints.UPSTREAM_DEFECTS)
+        pytest.xfail(comparison.defect)
     assert len(theirs.figures.items) >= {"lambada": 1, "wikitext": 1, "generate": 2, "generate_topk": 2}.get(name, 3)

@@ -190,3 +190,18 @@ def test_verify_entry_points_flag_defaults_to_pretraining_and_refuses_unknown_na
     with pytest.raises(SystemExit) as exit_:
         verify.parser().parse_args(["GLM", "--entry-points", "nope"])
     assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_upstreams_own_failure_alike_on_both_sides_is_told_apart():
+    known = entrypoints.UPSTREAM_DEFECTS[("seq2seq", "tp2")]
+
+    def failed(cause):
+        return entrypoints.SideRun(1, entrypoints.Figures(), Path("x.log"), cause)
+
+    alike = entrypoints.EntryComparison("seq2seq", failed(known), failed(known), 1e-6, "tp2")
+    assert alike.ok and alike.defect == known and "UPSTREAM" in entrypoints.table(alike)
+    ours_only = entrypoints.EntryComparison("seq2seq", entrypoints.SideRun(0, entrypoints.Figures([("x", "1")]), Path("x.log")),
+                                            failed(known), 1e-6, "tp2")  # fmt: skip
+    assert not ours_only.ok and not ours_only.defect
+    other_mode = entrypoints.EntryComparison("seq2seq", failed(known), failed(known), 1e-6, "1")
+    assert not other_mode.ok
