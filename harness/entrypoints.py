@@ -227,7 +227,7 @@ def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list
                 "--batch-size", "4", "--lr", "1e-4", "--lr-decay-style", "linear", "--warmup", "0.06",
                 "--weight-decay", "1.0e-1", "--label-smoothing", "0.1", "--save-interval", "10000",
                 "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "100", "--eval-epoch", "1",
-                "--src-seq-length", "64", "--tgt-seq-length", "16", "--min-tgt-length", "2", "--length-penalty", "0.7",
+                "--src-seq-length", "64", "--tgt-seq-length", "16", "--min-tgt-length", "8", "--length-penalty", "0.7",
                 "--no-repeat-ngram-size", "3", "--num-beams", "2", "--select-topk", "--eval-batch-size", "1",
                 "--seq-length", "80", "--checkpoint-activations"]  # fmt: skip
     if name == "lambada":
