@@ -79,6 +79,15 @@ ENTRY_POINTS = {
         EntryPoint("copa", "finetune_glm.py, SuperGLUE COPA (multiple choice)",
                    "finetune_glm.py --finetune --cloze-eval --task COPA --pattern-id 0 --load-pretrained P --epochs 2",
                    "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("boolq", "finetune_glm.py, SuperGLUE BoolQ (cloze, task_boolq.sh's pattern 4)",
+                   "finetune_glm.py --finetune --cloze-eval --task BoolQ --pattern-id 4 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("cb", "finetune_glm.py, SuperGLUE CB (cloze, three labels)",
+                   "finetune_glm.py --finetune --cloze-eval --task CB --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("wic", "finetune_glm.py, SuperGLUE WiC (cloze)",
+                   "finetune_glm.py --finetune --cloze-eval --task WiC --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
         EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
                    "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
                    "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
@@ -102,8 +111,12 @@ ENTRY_POINTS = {
 }
 
 
+# SuperGLUE tasks besides RTE and COPA: other data readers and patterns on the same loop, one process only
+SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
+SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
+                   "wic": ("WiC", "0")}  # entry -> (upstream's task name, --pattern-id)
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
-MODES = {name: ("1",) if name in ("resume", "change_mp") else ("1", "tp2") for name in ENTRY_POINTS}
+MODES = {name: ("1",) if name in ("resume", "change_mp", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
 # seq2seq's beam search (tasks/seq2seq/evaluate.py, DecoderEvaluater) takes the model's vocab-parallel
 # logits as the whole vocabulary: MinLengthLogitsProcessor indexes the eos id past this rank's half.
@@ -122,8 +135,8 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def write_data(root: Path) -> Path:
-    """Small seeded data in upstream's formats under ``root``: SuperGLUE ``RTE/`` and ``COPA/``
-    (``{train,val,test}.jsonl``), seq2seq ``s2s/{train,val,test}.{source,target}`` (upstream reads
+    """Small seeded data in upstream's formats under ``root``: SuperGLUE ``RTE/``, ``COPA/``, ``BoolQ/``,
+    ``CB/``, ``WiC/`` (``{train,val,test}.jsonl``), seq2seq ``s2s/{train,val,test}.{source,target}`` (upstream reads
     the dev split from ``val.*``), LAMBADA ``lm/lambada_test.jsonl`` (``{"text"}`` lines; the last
     word is the target), wikitext ``lm/wiki.test.tokens``. The same bytes every time."""
     rng = random.Random(0)
@@ -144,6 +157,31 @@ def write_data(root: Path) -> Path:
                 row["label"] = rng.randint(0, 1)
             rows.append(row)
         _jsonl(root / "COPA" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            row = {"passage": " ".join(_sentence(rng, 8) for _ in range(2)), "question": _sentence(rng, 5)[:-1].lower(),
+                   "idx": i}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.5
+            rows.append(row)
+        _jsonl(root / "BoolQ" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            row = {"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 5), "idx": i}
+            if split != "test":
+                row["label"] = rng.choice(["entailment", "contradiction", "neutral"])
+            rows.append(row)
+        _jsonl(root / "CB" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            word = rng.choice(WORDS)
+            first, second = _sentence(rng, 6)[:-1] + f" {word}.", f"{word.capitalize()} " + _sentence(rng, 6).lower()
+            row = {"word": word, "sentence1": first, "sentence2": second, "start1": len(first) - len(word) - 1,
+                   "end1": len(first) - 1, "start2": 0, "end2": len(word), "idx": i}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.5
+            rows.append(row)
+        _jsonl(root / "WiC" / f"{split}.jsonl", rows)
     (root / "s2s").mkdir(parents=True, exist_ok=True)
     for split, n in (("train", 8), ("val", 4), ("test", 4)):
         sources = [" ".join(_sentence(rng, 8) for _ in range(3)) for _ in range(n)]
@@ -214,12 +252,12 @@ def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, tim
 def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list[str]:
     common = [*MODEL_FLAGS, "--finetune", "--load-pretrained", str(pretrained), "--save", str(save),
               "--experiment-name", name, "--overwrite"]  # fmt: skip
-    if name in ("superglue", "copa"):
-        task = {"superglue": "RTE", "copa": "COPA"}[name]
+    if name in SUPERGLUE_TASKS:
+        task, pattern = SUPERGLUE_TASKS[name]
         extra = ["--checkpoint-activations"] if name == "superglue" else []
         return [*common, "--cloze-eval", "--task", task, "--data-dir", str(data / task), "--seq-length", "64",
                 "--eval-batch-size", "4", "--save-epoch", "100000", "--lr-decay-style", "linear", "--warmup", "0.1",
-                "--weight-decay", "1.0e-1", "--pattern-id", "0", "--save-interval", "10000", "--log-interval", "1",
+                "--weight-decay", "1.0e-1", "--pattern-id", pattern, "--save-interval", "10000", "--log-interval", "1",
                 "--eval-interval", "10000000", "--eval-iters", "100", "--batch-size", "4", "--epochs", "2",
                 "--lr", "1e-4", *extra]  # fmt: skip
     if name == "seq2seq":
