@@ -107,6 +107,9 @@ ENTRY_POINTS = {
         EntryPoint("change_mp", "change_mp.py (model-parallel 1 -> 2)",
                    "change_mp.py P 2",
                    "every tensor of both new shards, byte for byte (SHA-256), and the kept keys"),
+        EntryPoint("convert", "scripts/convert_glm_checkpoint_to_transformers.py",
+                   "scripts/convert_glm_checkpoint_to_transformers.py P/ITER/mp_rank_00_model_states.pt glm-large",
+                   "every tensor of the pytorch_model.bin it writes, byte for byte (SHA-256)"),
     ]
 }
 
@@ -116,7 +119,7 @@ SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
 SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
                    "wic": ("WiC", "0")}  # entry -> (upstream's task name, --pattern-id)
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
-MODES = {name: ("1",) if name in ("resume", "change_mp", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
+MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
 # seq2seq's beam search (tasks/seq2seq/evaluate.py, DecoderEvaluater) takes the model's vocab-parallel
 # logits as the whole vocabulary: MinLengthLogitsProcessor indexes the eos id past this rank's half.
@@ -305,9 +308,16 @@ def shard_digest(directory: Path) -> list[tuple[str, str]]:
         rel = path.relative_to(directory)
         for key in sorted(k for k in sd if k != "module"):
             out.append((f"{rel} {key}", type(sd[key]).__name__))
-        for key, tensor in sorted(sd["module"].items()):
-            data = tensor.detach().contiguous().cpu().numpy().tobytes()
-            out.append((f"{rel} module.{key}", f"{tuple(tensor.shape)} {hashlib.sha256(data).hexdigest()[:16]}"))
+        out += tensor_digest(sd["module"], f"{rel} module.")
+    return out
+
+
+def tensor_digest(state_dict: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """(name, "shape sha256-prefix") for every tensor of ``state_dict``, sorted by name."""
+    out = []
+    for key, tensor in sorted(state_dict.items()):
+        data = tensor.detach().contiguous().cpu().numpy().tobytes()
+        out.append((f"{prefix}{key}", f"{tuple(tensor.shape)} {hashlib.sha256(data).hexdigest()[:16]}"))
     return out
 
 
@@ -348,6 +358,18 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         code, text = up.run_upstream(_launch(side, "change_mp.py") + [str(source), "2"], tree, env, log, timeout)
         if code == 0:
             for what, value in shard_digest(out / "checkpoint_MP2"):
+                figures.add(what, value)
+    elif name == "convert":
+        source = out / "checkpoint"
+        shutil.copytree(pretrained, source)
+        [shard] = source.glob("*/mp_rank_00_model_states.pt")
+        code, text = up.run_upstream(_launch(side, "scripts/convert_glm_checkpoint_to_transformers.py")
+                                     + [str(shard), "glm-large"], tree, env, log, timeout)  # fmt: skip
+        if code == 0:
+            import torch
+
+            converted = torch.load(shard.with_name("pytorch_model.bin"), map_location="cpu", weights_only=True)
+            for what, value in tensor_digest(converted, "pytorch_model.bin "):
                 figures.add(what, value)
     elif name in ("generate", "generate_topk"):
         stdin = "".join(p + "\n" for p in GENERATE_PROMPTS) + "stop\n"
@@ -427,7 +449,10 @@ def summary(figures: Figures, limit: int = 3) -> str:
     """A short account of a run's figures for the table: the first and last of each kind, counted."""
     kinds: dict[str, list[str]] = {}
     for what, value in figures.items:
-        key = ("tensor" if " module." in what else "kept key") if "mp_rank_" in what else what
+        if what.startswith("pytorch_model.bin "):
+            key = "tensor"
+        else:
+            key = ("tensor" if " module." in what else "kept key") if "mp_rank_" in what else what
         kinds.setdefault(key, []).append(value)
     parts = []
     for what, values in kinds.items():
