@@ -1,14 +1,16 @@
 """Upstream's entry points besides pretraining, on both sides: finetuning, evaluation, generation, resharding.
 
-Each entry point is one command of THUDM/GLM's own scripts (``scripts/finetune_superglue.sh``,
-``scripts/finetune_seq2seq.sh``, ``scripts/evaluate_lm.sh``, ``generate_samples.py``,
-``change_mp.py``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
+Each entry point (:data:`ENTRY_POINTS`) is one command of THUDM/GLM's own scripts
+(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC; ``scripts/finetune_seq2seq.sh``;
+``scripts/evaluate_lm.sh`` on LAMBADA and wikitext; ``generate_samples.py``, greedy and sampled;
+``change_mp.py``; ``scripts/convert_glm_checkpoint_to_transformers.py``; ``pretrain_glm.py --load``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
 small data written here in upstream's own formats (:func:`write_data`), from one pretrained
 checkpoint both sides load (:func:`pretrained_checkpoint`, made by the migrated tree's own
 ``pretrain_glm.py --save``). :func:`run_entry` runs one entry point in the original tree under
 glm-mock and in the migrated tree without it (apex and DeepSpeed unimportable), and reads the
 figures each printed or wrote (:class:`Figures`): losses, accuracies, ROUGE, perplexity, the
-generated text, the resharded tensors. Dropout is off and the seed fixed, so the figures must be
+generated text, the resharded tensors. :data:`MODES` says which also run at model-parallel size 2
+(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own. Dropout is off and the seed fixed, so the figures must be
 equal (numbers within ``rtol``: the migrated loss rounds differently in the 7th digit).
 """
 
@@ -347,7 +349,7 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         if code == 0:
             [run_dir] = [p.parent for p in save.glob("*/latest_checkpointed_iteration.txt")]
             (run_dir / "latest_checkpointed_iteration.txt").write_text("2")  # as if stopped after iteration 2
-            log = log.with_name(f"{name}.{side}.load.log")
+            log = log.with_name(f"{name}.{mode}.{side}.load.log")
             code, text = up.run_upstream(_launch(side, "pretrain_glm.py") + flags + ["--load", str(run_dir)],
                                          tree, env, log, timeout)  # fmt: skip
             if code == 0 and f"{run_dir}/2/mp_rank_00_model_states.pt" not in text:
