@@ -205,3 +205,15 @@ def test_upstreams_own_failure_alike_on_both_sides_is_told_apart():
     assert not ours_only.ok and not ours_only.defect
     other_mode = entrypoints.EntryComparison("seq2seq", failed(known), failed(known), 1e-6, "1")
     assert not other_mode.ok
+
+
+def test_entry_points_without_a_pretrained_checkpoint_fail_in_one_line_each(tmp_path, capsys):
+    import argparse
+
+    ported = tmp_path / "GLM-ported"
+    ported.mkdir()  # no pretrain_glm.py: the checkpoint cannot be made
+    args = argparse.Namespace(timeout=120, entry_modes=["1"], entry_rtol=1e-6)
+    results = verify.run_entry_points(["superglue", "generate"], tmp_path / "GLM", ported, tmp_path, args)
+    assert [r.name for r in results] == ["superglue", "generate"] and not any(r.ok for r in results)
+    assert all("pretraining the checkpoint failed" in r.problems[0] for r in results)
+    assert "entry points not run: pretraining the checkpoint failed" in capsys.readouterr().out
