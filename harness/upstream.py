@@ -150,12 +150,12 @@ def checkout_corpus(tree: Path) -> Path:
     return ensure_corpus(Path(tree) / VOCAB_CACHE, corpus_path(tree))
 
 
-def run_upstream(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int) -> tuple[int, str]:
-    """Run one command of the harness in ``cwd``; (exit code, stdout and stderr), also kept in ``log``.
-    A run past ``timeout`` seconds gets exit code -1."""
+def run_upstream(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int, stdin: str | None = None) -> tuple[int, str]:
+    """Run one command of the harness in ``cwd`` (``stdin``: text to feed it); (exit code, stdout and
+    stderr), also kept in ``log``. A run past ``timeout`` seconds gets exit code -1."""
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout)  # fmt: skip
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, input=stdin)  # fmt: skip
         code, text = proc.returncode, proc.stdout
     except subprocess.TimeoutExpired as exc:
         code, text = -1, (exc.stdout or b"").decode(errors="replace") + f"\n[timed out after {timeout} s]"

@@ -20,6 +20,13 @@ dependencies are the ``upstream`` extra (``pip install -e ".[upstream]"``, docs/
 
 Modes: ``1`` one process; ``dp2`` two processes under torchrun (data parallel);
 ``tp2`` two processes with ``--model-parallel-size 2`` (tensor parallel).
+
+``--entry-points`` chooses what runs (default ``pretrain``: the modes above and mpu/tests): the
+other entry points of :mod:`harness.entrypoints` (``resume``, ``superglue``, ``copa``, ``seq2seq``,
+``lambada``, ``wikitext``, ``generate``, ``change_mp``; ``all``) run in one process on both sides
+from one pretrained checkpoint, on data written in upstream's formats, and their printed figures
+(losses, accuracies, ROUGE, perplexity, generated text, resharded tensors) must agree within
+``--entry-rtol``.
 Exit status: 0 all match, 1 a mismatch or a failed run, 2 bad input.
 """
 
@@ -40,6 +47,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness import upstream as up
+from harness.entrypoints import ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, pretrained_mp2, run_entry, write_data
+from harness.entrypoints import MODES as ENTRY_MODES
+from harness.entrypoints import table as entry_table
 from harness.upstream import ELAPSED, ported_env
 from migrate.rules import Forbid, load_tables
 from migrate.runner import MANIFEST, Options, migrate_tree, run
@@ -256,6 +266,38 @@ def table(comparison: Comparison) -> str:
     return "\n".join(lines)
 
 
+def run_entry_points(names: list[str], original: Path, ported: Path, workdir: Path, args) -> list[EntryComparison]:
+    """Each entry point of ``names`` (harness.entrypoints) on both sides in each of ``args.entry_modes``
+    it runs in, from one pretrained checkpoint (split to model-parallel 2 by change_mp.py for ``tp2``)
+    and the data written under ``workdir``; a table printed per run."""
+    data = write_data(workdir / "data")
+    results = []
+    try:
+        pretrained = pretrained_checkpoint(ported, ported_env(), workdir, args.timeout)
+    except up.HarnessError as exc:
+        print(f"entry points not run: {exc}")
+        failed = SideRun(1, Figures(), workdir / "pretrained.log", str(exc))
+        return [EntryComparison(n, failed, failed, args.entry_rtol) for n in names]
+    runs = [(name, mode) for mode in args.entry_modes for name in names if mode in ENTRY_MODES[name]]
+    checkpoints = {"1": pretrained}
+    for name, mode in tqdm(runs, desc="entry points", unit="entry", disable=None):
+        if mode not in checkpoints:
+            try:
+                checkpoints[mode] = pretrained_mp2(ported, ported_env(), pretrained, workdir, args.timeout)
+            except up.HarnessError as exc:
+                checkpoints[mode] = exc
+        if isinstance(checkpoints[mode], up.HarnessError):
+            failed = SideRun(1, Figures(), workdir / "pretrained-mp2.log", str(checkpoints[mode]))
+            results.append(EntryComparison(name, failed, failed, args.entry_rtol, mode))
+        else:
+            theirs = run_entry(name, "original", original, up.mock_env(""), data, checkpoints[mode], workdir,
+                               args.timeout, mode)  # fmt: skip
+            ours = run_entry(name, "ported", ported, ported_env(), data, checkpoints[mode], workdir, args.timeout, mode)
+            results.append(EntryComparison(name, theirs, ours, args.entry_rtol, mode))
+        tqdm.write(entry_table(results[-1]) + "\n")
+    return results
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="glm-migrate --verify",
@@ -269,10 +311,18 @@ def parser() -> argparse.ArgumentParser:
                    help="1: one process; dp2: torchrun, 2 data-parallel ranks; tp2: --model-parallel-size 2")
     p.add_argument("--no-mpu-tests", action="store_true", help="skip the migrated mpu/tests scripts")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per printed loss (default 1e-4)")
+    p.add_argument("--entry-modes", nargs="+", choices=["1", "tp2"], default=["1"],
+                   help="modes for the entry points other than pretrain: 1 one process (default); tp2 torchrun 2 with "
+                   "--model-parallel-size 2 from the checkpoint change_mp.py splits (not resume, change_mp)")
+    p.add_argument("--entry-rtol", type=float, default=1e-6,
+                   help="relative tolerance per number the other entry points print (default 1e-6: the last of 7 digits)")
     p.add_argument("--vocab", type=Path, help=f"BERT's {up.VOCAB_NAME} (or a directory holding it) to use if "
                    f"the checkout lacks one (default: ${up.VOCAB_ENV})")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary one); logs stay there")
     p.add_argument("--timeout", type=int, default=900, help="seconds allowed per training run")
+    p.add_argument("--entry-points", nargs="+", choices=["pretrain", *ENTRY_POINTS, "all"], default=["pretrain"],
+                   metavar="NAME", help="which of upstream's entry points to run on both sides (default: pretrain; "
+                   f"all: every one): pretrain, {', '.join(ENTRY_POINTS)} (docs/upstream.md)")
     return p
 
 
@@ -293,23 +343,30 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"  - {problem}")
 
+    entries = ["pretrain", *ENTRY_POINTS] if "all" in args.entry_points else list(dict.fromkeys(args.entry_points))
     mocked = up.mock_env("")
     comparisons = []
-    for mode in tqdm(args.modes, desc="verify", unit="mode", disable=None):  # None: no bar unless a terminal
+    modes = args.modes if "pretrain" in entries else []
+    for mode in tqdm(modes, desc="verify", unit="mode", disable=None):  # None: no bar unless a terminal
         orig_run = pretrain(original, mocked, mode, args.iters, args.timeout, ["pretrain_glm.py"])
         port_run = pretrain(ported, ported_env(), mode, args.iters, args.timeout, PORTED_LAUNCH)
         comparisons.append(Comparison(mode, orig_run, port_run, args.rtol))
         tqdm.write(table(comparisons[-1]) + "\n")
     failed = (["static checks"] if problems else []) + [c.mode for c in comparisons if not c.ok]
-    scripts = [] if args.no_mpu_tests else up.MPU_TESTS
+    others = [e for e in entries if e != "pretrain"]
+    entry_results = run_entry_points(others, original, ported, workdir, args) if others else []
+    failed += [c.name for c in entry_results if not c.ok]
+    scripts = [] if args.no_mpu_tests or "pretrain" not in entries else up.MPU_TESTS
     for script in tqdm(scripts, desc="mpu/tests", unit="script", disable=None):
         status, detail = mpu_test(ported, script, args.timeout)
         tqdm.write(f"{status:<8}  migrated mpu/tests/{script} (torchrun 2, no mock): {detail}")
         if status == "FAIL":
             failed.append(f"mpu/tests/{script}")
     matched = sum(c.ok for c in comparisons)
-    print(f"{matched} of {len(comparisons)} modes match"
-          + (f"; failing: {', '.join(failed)}" if failed else "") + f"; logs in {workdir}")  # fmt: skip
+    counts = [f"{matched} of {len(comparisons)} modes match"] if "pretrain" in entries else []
+    if entry_results:
+        counts.append(f"{sum(c.ok for c in entry_results)} of {len(entry_results)} entry points match")
+    print("; ".join(counts) + (f"; failing: {', '.join(failed)}" if failed else "") + f"; logs in {workdir}")
     return 1 if failed else 0
 
 

@@ -88,8 +88,10 @@ class FileScopes:
     chains: list[Chain]
     calls: list[tuple[ast.Call, Scope]]
     name_loads: dict[str, int]  # how often each name is read, anywhere in the file
-    keyword_of: dict[int, str]  # id(call) -> the keyword it is passed as (``device=f()``)
+    keyword_of: dict[int, str]  # id(call) -> the keyword it is passed as (``device=f()``), or the
+    # parameter it is passed to positionally when the callee is a function the module itself defines
     container: dict[int, list[ast.stmt]]  # id(import statement) -> the statement list holding it
+    assigned_to: dict[int, str] = field(default_factory=dict)  # id(call) -> the one name ``x = f()`` binds
 
 
 def dotted_parts(node: ast.expr) -> tuple[ast.Name, tuple[str, ...]] | None:
@@ -143,6 +145,8 @@ class _Collector(ast.NodeVisitor):
         self.chains: list[Chain] = []
         self.calls: list[tuple[ast.Call, Scope]] = []
         self.keyword_of: dict[int, str] = {}
+        self.assigned_to: dict[int, str] = {}
+        self.local_functions: dict[str, list[str]] = {}  # module-level def -> its positional parameter names
         self.name_loads: dict[str, int] = {}
         self.in_fstring = 0
 
@@ -189,6 +193,11 @@ class _Collector(ast.NodeVisitor):
             self.name_loads[root.id] = self.name_loads.get(root.id, 0) + 1
             self.chains.append(Chain(node, root, parts, self.scope, self.in_fstring > 0))
 
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
+            self.assigned_to[id(node.value)] = node.targets[0].id
+        self.generic_visit(node)
+
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         self.in_fstring += 1
         self.generic_visit(node)
@@ -202,6 +211,14 @@ class _Collector(ast.NodeVisitor):
         for keyword in node.keywords:
             if keyword.arg is not None and isinstance(keyword.value, ast.Call):
                 self.keyword_of[id(keyword.value)] = keyword.arg
+        params = self.local_functions.get(func.id) if isinstance(func, ast.Name) else None
+        seen = params and self.scope.lookup(func.id)
+        if seen and seen[0] is self.scope.module:  # the module's own def, not a local of the same name
+            for arg, param in zip(node.args, params):
+                if isinstance(arg, ast.Starred):
+                    break
+                if isinstance(arg, ast.Call):
+                    self.keyword_of[id(arg)] = param
         self.generic_visit(node)
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
@@ -305,6 +322,12 @@ def collect(tree: ast.Module, index: ModuleIndex, module: str, is_package: bool,
         if roots is None:
             break
     collector = _Collector(index, module, is_package, roots, methods)
+    collector.local_functions = {
+        stmt.name: [a.arg for a in (*stmt.args.posonlyargs, *stmt.args.args)]
+        for stmt in tree.body
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
     collector.visit(tree)
     return FileScopes(collector.scope, collector.imports, collector.chains, collector.calls,
-                      collector.name_loads, collector.keyword_of, {id(stmt): body for stmt, body in statements})
+                      collector.name_loads, collector.keyword_of, {id(stmt): body for stmt, body in statements},
+                      collector.assigned_to)

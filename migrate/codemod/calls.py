@@ -98,8 +98,9 @@ class CallRewrites:
 
     # -- argument: a call passed as one keyword's value -------------------------
     def _argument_applies(self, call: ast.Call, canonical: str, rule: Rule) -> bool:
-        return self.ctx.scopes.keyword_of.get(id(call)) == rule.args["keyword"] and not call.args \
-            and not call.keywords
+        passed = self.ctx.scopes.keyword_of.get(id(call)) == rule.args["keyword"]
+        assigned = self.ctx.scopes.assigned_to.get(id(call)) in rule.args.get("assigned", ())
+        return (passed or assigned) and not call.args and not call.keywords
 
     def _argument(self, call: ast.Call, chain: Chain, rule: Rule) -> None:
         ctx = self.ctx

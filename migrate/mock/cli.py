@@ -78,8 +78,8 @@ def _cuda_line() -> str:
     import torch
 
     if torch.cuda.is_available():
-        return "CUDA present: shim.compat.install() adds only torch._six when torch is imported"
-    return "no CUDA: shim.compat.install() runs when torch is imported (torch.cuda, .cuda(), 'cuda' devices, nccl -> CPU/gloo)"
+        return "CUDA present: shim.compat.install() adds only torch._six and torch.load's old default (weights_only=False) when torch is imported"
+    return "no CUDA: shim.compat.install() runs when torch is imported (torch.cuda, .cuda(), 'cuda' devices, nccl -> CPU/gloo; torch.load's weights_only=False default)"
 
 
 def _backing(redirect) -> str:

@@ -19,8 +19,12 @@ The wrapped factories are registered in TorchScript's builtin table too, so ``to
 still compiles code that calls them.
 
 Always (torch 2 removed it): ``torch._six`` is ``shim.compat.six``, as attribute and importable module.
+Always (torch 2.6 changed it): ``torch.load`` defaults to ``weights_only=False`` again, so GLM's
+checkpoints (a Namespace and RNG states beside the weights) load; the trust decision is in
+``shim.compat.serialization``.
 
-On a CUDA device only ``torch._six`` is installed: everything else already works there.
+On a CUDA device only ``torch._six`` and ``torch.load``'s default are installed: everything else
+already works there.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 import torch.nn.parallel
 
 from shim._device import active_device
-from shim.compat import cudaless, devices, distributed, six
+from shim.compat import cudaless, devices, distributed, serialization, six
 
 _ABSENT = object()
 _lock = threading.Lock()
@@ -43,8 +47,9 @@ _saved: list[tuple[object, object, object]] | None = None  # (owner, name, origi
 def _patches() -> list[tuple[object, str, object]]:
     """(owner, name, replacement) for everything install() changes; owner is a module, class or dict."""
     patches: list[tuple[object, str, object]] = [(torch, "_six", six), (sys.modules, "torch._six", six)]
+    load = serialization.trusting_load(torch.load)
     if active_device().type == "cuda":
-        return patches
+        return patches + [(torch, "load", load)]
     patches += [(torch.cuda, name, getattr(cudaless, name)) for name in cudaless.__all__]
     factories = {name: (getattr(torch, name), devices.device_kwarg_mapped(getattr(torch, name))) for name in devices.factory_names()}
     patches += [(torch, name, wrapper) for name, (_, wrapper) in factories.items()]
@@ -64,7 +69,7 @@ def _patches() -> list[tuple[object, str, object]]:
         (torch.Tensor, "cuda", devices.tensor_cuda),
         (torch.Tensor, "type", devices.type_mapped(torch.Tensor.type)),
         (torch.nn.Module, "cuda", devices.module_cuda),
-        (torch, "load", devices.load_mapped(torch.load)),
+        (torch, "load", devices.load_mapped(load)),
     ]
     if torch.distributed.is_available():  # some builds (e.g. macOS wheels of old) lack it
         from torch.distributed import distributed_c10d as c10d

@@ -11,7 +11,7 @@ def main() -> None:
         prog="python -m shim.compat",
         description="List the torch attributes shim.compat.install() would patch here, without patching them. "
         "What is patched depends on the active device (SHIM_DEVICE, else cuda:LOCAL_RANK when CUDA is "
-        "available, else cpu): on a CUDA device only torch._six.",
+        "available, else cpu): on a CUDA device only torch._six and torch.load's old weights_only=False default.",
     )
     parser.parse_args()
     changes = shim.compat.planned_changes()

@@ -110,3 +110,110 @@ def test_a_missing_vocabulary_is_a_one_line_error(main, tmp_path, capsys, monkey
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "no BERT vocabulary: give --vocab PATH or set GLM_VOCAB" in err and "Traceback" not in err
+
+
+# -- the other entry points (harness.entrypoints), without a checkout ---------------------------
+
+from harness import entrypoints  # noqa: E402
+
+
+def test_entry_point_data_is_written_in_upstreams_formats_the_same_every_time(tmp_path):
+    root = entrypoints.write_data(tmp_path / "a")
+    again = entrypoints.write_data(tmp_path / "b")
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert all((root / f).read_bytes() == (again / f).read_bytes() for f in files)
+    rte = [json.loads(x) for x in (root / "RTE" / "val.jsonl").read_text().splitlines()]
+    assert {"premise", "hypothesis", "label", "idx"} <= set(rte[0]) and rte[0]["label"] in ("entailment", "not_entailment")
+    copa = json.loads((root / "COPA" / "train.jsonl").read_text().splitlines()[0])
+    assert {"premise", "choice1", "choice2", "question", "label", "idx"} <= set(copa)
+    assert "label" not in json.loads((root / "RTE" / "test.jsonl").read_text().splitlines()[0])
+    for split in ("train", "val", "test"):  # upstream's seq2seq reads its dev split from val.*
+        sources = (root / "s2s" / f"{split}.source").read_text().splitlines()
+        assert len(sources) == len((root / "s2s" / f"{split}.target").read_text().splitlines()) > 0
+    assert all("text" in json.loads(x) for x in (root / "lm" / "lambada_test.jsonl").read_text().splitlines())
+    assert " = Title = " in (root / "lm" / "wiki.test.tokens").read_text()
+
+
+def test_entry_point_figures_are_read_from_upstreams_lines():
+    text = "\n".join([
+        " iteration        2/       8 | elapsed time per iteration (ms): 313.5 | learning rate 8.500E-05 | lm loss 5.872517E-01 |",
+        " >> |epoch: 0| overall: total = 8 accuracy = 62.5000",
+        "number correct: 3.0 | total examples: 8 | avg accuracy: 0.38",
+        "avg loss: 1.0333E+01 | ppl: 3.0728E+04 | adjusted ppl: 7.1182E+04 | token ratio: 1.08 |",
+        "GLM: <|startofpiece|> coin coin",
+    ])  # fmt: skip
+    figures = entrypoints.Figures()
+    entrypoints.read_figures(text, figures)
+    assert [w for w, _ in figures.items] == ["lm loss", "overall", "lambada", "wikitext", "generated"]
+    assert figures.items[1] == ("overall", "0 total = 8 accuracy = 62.5000")
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    ("lm loss 9.997754", "lm loss 9.997755", True),  # the 7th digit: within 1e-6
+    ("accuracy = 62.5000", "accuracy = 37.5000", False),
+    ("<|startofpiece|> coin coin", "<|startofpiece|> coin", False),
+    ("american american", "american britain", False),
+])  # fmt: skip
+def test_figures_agree_word_by_word_numbers_within_the_tolerance(a, b, equal):
+    assert entrypoints.same(a, b, 1e-6) is equal
+
+
+def test_an_entry_point_comparison_names_what_differs_and_a_failed_run():
+    def side(*items, code=0):
+        return entrypoints.SideRun(code, entrypoints.Figures(list(items)), Path("x.log"), "" if code == 0 else "Boom: no")
+
+    ok = entrypoints.EntryComparison("superglue", side(("lm loss", "0.5")), side(("lm loss", "0.5")), 1e-6)
+    assert ok.ok and "MATCH" in entrypoints.table(ok)
+    off = entrypoints.EntryComparison("generate", side(("generated", "a b")), side(("generated", "a c")), 1e-6)
+    assert not off.ok and off.problems == ["generated: 'a b' (original) vs 'a c' (ported)"]
+    failed = entrypoints.EntryComparison("lambada", side(), side(code=1), 1e-6)
+    assert failed.problems == ["ported run failed: Boom: no (log: x.log)"]
+
+
+def test_shard_digest_reads_every_tensor_of_a_checkpoint_holding_a_namespace(tmp_path):
+    import argparse
+
+    import torch
+
+    (tmp_path / "5").mkdir()
+    torch.save({"module": {"w": torch.ones(2, 3)}, "args": argparse.Namespace(a=1), "iteration": 5},
+               tmp_path / "5" / "mp_rank_00_model_states.pt")  # fmt: skip
+    digest = dict(entrypoints.shard_digest(tmp_path))
+    assert digest["5/mp_rank_00_model_states.pt args"] == "Namespace"
+    assert digest["5/mp_rank_00_model_states.pt module.w"].startswith("(2, 3) ")
+
+
+def test_verify_entry_points_flag_defaults_to_pretraining_and_refuses_unknown_names(capsys):
+    assert verify.parser().parse_args(["GLM"]).entry_points == ["pretrain"]
+    assert verify.parser().parse_args(["GLM", "--entry-points", "superglue", "generate"]).entry_points == ["superglue", "generate"]
+    with pytest.raises(SystemExit) as exit_:
+        verify.parser().parse_args(["GLM", "--entry-points", "nope"])
+    assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_upstreams_own_failure_alike_on_both_sides_is_told_apart():
+    known = entrypoints.UPSTREAM_DEFECTS[("seq2seq", "tp2")]
+
+    def failed(cause):
+        return entrypoints.SideRun(1, entrypoints.Figures(), Path("x.log"), cause)
+
+    alike = entrypoints.EntryComparison("seq2seq", failed(known), failed(known), 1e-6, "tp2")
+    assert alike.ok and alike.defect == known and "UPSTREAM" in entrypoints.table(alike)
+    ours_only = entrypoints.EntryComparison("seq2seq", entrypoints.SideRun(0, entrypoints.Figures([("x", "1")]), Path("x.log")),
+                                            failed(known), 1e-6, "tp2")  # fmt: skip
+    assert not ours_only.ok and not ours_only.defect
+    other_mode = entrypoints.EntryComparison("seq2seq", failed(known), failed(known), 1e-6, "1")
+    assert not other_mode.ok
+
+
+def test_entry_points_without_a_pretrained_checkpoint_fail_in_one_line_each(tmp_path, capsys):
+    import argparse
+
+    ported = tmp_path / "GLM-ported"
+    ported.mkdir()  # no pretrain_glm.py: the checkpoint cannot be made
+    args = argparse.Namespace(timeout=120, entry_modes=["1"], entry_rtol=1e-6)
+    results = verify.run_entry_points(["superglue", "generate"], tmp_path / "GLM", ported, tmp_path, args)
+    assert [r.name for r in results] == ["superglue", "generate"] and not any(r.ok for r in results)
+    assert all("pretraining the checkpoint failed" in r.problems[0] for r in results)
+    assert "entry points not run: pretraining the checkpoint failed" in capsys.readouterr().out

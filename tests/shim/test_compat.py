@@ -72,8 +72,8 @@ def test_planned_changes_dry_run(monkeypatch):
                  "torch.distributed.init_process_group"]:  # fmt: skip
         assert name in planned, name
     assert not shim.compat.is_installed() and not hasattr(torch, "_six")
-    monkeypatch.setenv("SHIM_DEVICE", "cuda")  # on a CUDA device only torch._six is missing
-    assert shim.compat.planned_changes() == ["torch._six", "sys.modules['torch._six']"]
+    monkeypatch.setenv("SHIM_DEVICE", "cuda")  # on a CUDA device: torch._six, and torch.load's old default
+    assert shim.compat.planned_changes() == ["torch._six", "sys.modules['torch._six']", "torch.load"]
     listed = subprocess.run([sys.executable, "-m", "shim.compat"], capture_output=True, text=True, timeout=120, check=True)
     assert "active device: cuda" in listed.stdout and "torch._six" in listed.stdout
 

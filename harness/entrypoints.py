@@ -1,0 +1,484 @@
+"""Upstream's entry points besides pretraining, on both sides: finetuning, evaluation, generation, resharding.
+
+Each entry point (:data:`ENTRY_POINTS`) is one command of THUDM/GLM's own scripts
+(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC; ``scripts/finetune_seq2seq.sh``;
+``scripts/evaluate_lm.sh`` on LAMBADA and wikitext; ``generate_samples.py``, greedy and sampled;
+``change_mp.py``; ``scripts/convert_glm_checkpoint_to_transformers.py``; ``pretrain_glm.py --load``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
+small data written here in upstream's own formats (:func:`write_data`), from one pretrained
+checkpoint both sides load (:func:`pretrained_checkpoint`, made by the migrated tree's own
+``pretrain_glm.py --save``). :func:`run_entry` runs one entry point in the original tree under
+glm-mock and in the migrated tree without it (apex and DeepSpeed unimportable), and reads the
+figures each printed or wrote (:class:`Figures`): losses, accuracies, ROUGE, perplexity, the
+generated text, the resharded tensors. :data:`MODES` says which also run at model-parallel size 2
+(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own. Dropout is off and the seed fixed, so the figures must be
+equal (numbers within ``rtol``: the migrated loss rounds differently in the 7th digit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import upstream as up
+
+# the tiny model of the pretraining flags, and what every entry point shares
+MODEL_FLAGS = [
+    "--block-lm", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--max-position-embeddings", "128", "--tokenizer-type", "BertWordPieceTokenizer",
+    "--tokenizer-model-type", "bert-base-uncased", "--distributed-backend", "gloo", "--seed", "1234",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--num-workers", "0",
+]  # fmt: skip
+PRETRAIN_ITERS = 10
+WORDS = ("the cat dog sat ran on a mat big small red blue house car tree bird flew over under near far "
+         "green old young boy girl saw ate fish cake park river hill road").split()  # fmt: skip
+GENERATE_PROMPTS = ["The cat sat on the [MASK] and the dog ran.", "A big red [MASK] flew over the house."]
+
+# What the runs print (upstream's own formats)
+FIGURE_LINES = [
+    (re.compile(r"lm loss ([-+0-9.eE]+)"), "lm loss"),
+    (re.compile(r">> \|epoch: (-?\d+)\| overall: (.*)$"), "overall"),  # SuperGLUE accuracy, seq2seq ROUGE
+    (re.compile(r"number correct: (.*)$"), "lambada"),
+    (re.compile(r"avg loss: (.*)$"), "wikitext"),
+    (re.compile(r"^GLM: (.*)$"), "generated"),
+]
+NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
+
+@dataclass
+class Figures:
+    """What one side's run of an entry point gave: (what, value) pairs in the order printed."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, what: str, value: str) -> None:
+        self.items.append((what, " ".join(value.split())))
+
+
+@dataclass
+class EntryPoint:
+    name: str
+    title: str
+    command: str  # as docs/upstream.md's table shows it
+    compared: str
+
+
+ENTRY_POINTS = {
+    e.name: e
+    for e in [
+        EntryPoint("resume", "pretrain_glm.py --load (its own --save)",
+                   "pretrain_glm.py ... --save S --save-interval 2; pretrain_glm.py ... --load S",
+                   "lm loss of the resumed iterations 3, 4"),
+        EntryPoint("superglue", "finetune_glm.py, SuperGLUE RTE (cloze)",
+                   "finetune_glm.py --finetune --cloze-eval --task RTE --pattern-id 0 --load-pretrained P "
+                   "--checkpoint-activations --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch, test accuracy"),
+        EntryPoint("copa", "finetune_glm.py, SuperGLUE COPA (multiple choice)",
+                   "finetune_glm.py --finetune --cloze-eval --task COPA --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("boolq", "finetune_glm.py, SuperGLUE BoolQ (cloze, task_boolq.sh's pattern 4)",
+                   "finetune_glm.py --finetune --cloze-eval --task BoolQ --pattern-id 4 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("cb", "finetune_glm.py, SuperGLUE CB (cloze, three labels)",
+                   "finetune_glm.py --finetune --cloze-eval --task CB --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("wic", "finetune_glm.py, SuperGLUE WiC (cloze)",
+                   "finetune_glm.py --finetune --cloze-eval --task WiC --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
+                   "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
+                   "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
+        EntryPoint("lambada", "zero-shot LAMBADA (evaluate_lm.sh, zero_lambada.sh)",
+                   "finetune_glm.py --finetune --task lambda --valid-data lambada_test.jsonl --load-pretrained P",
+                   "number correct, accuracy"),
+        EntryPoint("wikitext", "zero-shot wikitext perplexity (evaluate_lm.sh, zero_wikitext.sh)",
+                   "finetune_glm.py --finetune --task wikitext --valid-data wiki.test.tokens --overlapping-eval 32 "
+                   "--load-pretrained P",
+                   "avg loss, ppl, adjusted ppl"),
+        EntryPoint("generate", "generate_samples.py (greedy, prompts on stdin)",
+                   "generate_samples.py --load-pretrained P --top-k 1 --out-seq-length 16 < prompts",
+                   "the generated text of each prompt"),
+        EntryPoint("generate_topk", "generate_samples.py (top-k 40 sampling, as generate_block.sh; seed 1234)",
+                   "generate_samples.py --load-pretrained P --temperature 0.9 --top-k 40 --out-seq-length 16 < prompts",
+                   "the sampled text of each prompt"),
+        EntryPoint("change_mp", "change_mp.py (model-parallel 1 -> 2)",
+                   "change_mp.py P 2",
+                   "every tensor of both new shards, byte for byte (SHA-256), and the kept keys"),
+        EntryPoint("convert", "scripts/convert_glm_checkpoint_to_transformers.py",
+                   "scripts/convert_glm_checkpoint_to_transformers.py P/ITER/mp_rank_00_model_states.pt glm-large",
+                   "every tensor of the pytorch_model.bin it writes, byte for byte (SHA-256)"),
+    ]
+}
+
+
+# SuperGLUE tasks besides RTE and COPA: other data readers and patterns on the same loop, one process only
+SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
+SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
+                   "wic": ("WiC", "0")}  # entry -> (upstream's task name, --pattern-id)
+# the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
+MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
+# Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
+# seq2seq's beam search (tasks/seq2seq/evaluate.py, DecoderEvaluater) takes the model's vocab-parallel
+# logits as the whole vocabulary: MinLengthLogitsProcessor indexes the eos id past this rank's half.
+UPSTREAM_DEFECTS = {
+    ("seq2seq", "tp2"): "IndexError: index 30523 is out of bounds for dimension 1 with size 15296",
+}
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_data(root: Path) -> Path:
+    """Small seeded data in upstream's formats under ``root``: SuperGLUE ``RTE/``, ``COPA/``, ``BoolQ/``,
+    ``CB/``, ``WiC/`` (``{train,val,test}.jsonl``), seq2seq ``s2s/{train,val,test}.{source,target}`` (upstream reads
+    the dev split from ``val.*``), LAMBADA ``lm/lambada_test.jsonl`` (``{"text"}`` lines; the last
+    word is the target), wikitext ``lm/wiki.test.tokens``. The same bytes every time."""
+    rng = random.Random(0)
+    root = Path(root)
+    for split, n in (("train", 16), ("val", 8), ("test", 8)):
+        rows = []
+        for i in range(n):
+            row = {"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 5), "idx": i}
+            if split != "test":
+                row["label"] = rng.choice(["entailment", "not_entailment"])
+            rows.append(row)
+        _jsonl(root / "RTE" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            row = {"premise": _sentence(rng, 7)[:-1] + ".", "choice1": _sentence(rng, 4), "choice2": _sentence(rng, 4),
+                   "question": rng.choice(["cause", "effect"]), "idx": i}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.randint(0, 1)
+            rows.append(row)
+        _jsonl(root / "COPA" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            row = {"passage": " ".join(_sentence(rng, 8) for _ in range(2)), "question": _sentence(rng, 5)[:-1].lower(),
+                   "idx": i}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.5
+            rows.append(row)
+        _jsonl(root / "BoolQ" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            row = {"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 5), "idx": i}
+            if split != "test":
+                row["label"] = rng.choice(["entailment", "contradiction", "neutral"])
+            rows.append(row)
+        _jsonl(root / "CB" / f"{split}.jsonl", rows)
+        rows = []
+        for i in range(n):
+            word = rng.choice(WORDS)
+            first, second = _sentence(rng, 6)[:-1] + f" {word}.", f"{word.capitalize()} " + _sentence(rng, 6).lower()
+            row = {"word": word, "sentence1": first, "sentence2": second, "start1": len(first) - len(word) - 1,
+                   "end1": len(first) - 1, "start2": 0, "end2": len(word), "idx": i}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.5
+            rows.append(row)
+        _jsonl(root / "WiC" / f"{split}.jsonl", rows)
+    (root / "s2s").mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 8), ("val", 4), ("test", 4)):
+        sources = [" ".join(_sentence(rng, 8) for _ in range(3)) for _ in range(n)]
+        (root / "s2s" / f"{split}.source").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+        targets = [s.split(".")[0] + "." for s in sources]  # the first sentence: a summary to learn
+        (root / "s2s" / f"{split}.target").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+    _jsonl(root / "lm" / "lambada_test.jsonl",
+           [{"text": " ".join(_sentence(rng, rng.randint(6, 10)) for _ in range(3))[:-1]} for _ in range(8)])
+    lines = ["", " = Title = ", ""] + [" " + " ".join(_sentence(rng, rng.randint(6, 12)) for _ in range(4)) + " "
+                                      for _ in range(20)]  # fmt: skip
+    (root / "lm" / "wiki.test.tokens").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _launch(side: str, script: str, mode: str = "1") -> list[str]:
+    """How ``script`` starts on ``side``: one process, or (``tp2``) two under torchrun."""
+    from harness.verify import ABSENT  # the migrated tree runs with apex and DeepSpeed unimportable
+
+    own = [script] if side == "original" else ["-m", "harness.without", ABSENT, script]
+    if mode == "1":
+        return [sys.executable, *own]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(up.free_port()), *own]  # fmt: skip
+
+
+def _one_process_env(env: dict) -> dict:
+    return {**env, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(up.free_port()), "TERM": "dumb"}  # fmt: skip
+
+
+def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int) -> Path:
+    """The directory ``--load-pretrained`` takes: the migrated tree trains the tiny model
+    :data:`PRETRAIN_ITERS` iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``)."""
+    from harness.verify import EXTRA_FLAGS
+
+    save = Path(workdir) / "pretrained"
+    if save.exists():
+        shutil.rmtree(save)
+    flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", str(PRETRAIN_ITERS), "--save", str(save),
+             "--experiment-name", "tiny"]  # fmt: skip
+    cmd = _launch("ported", "pretrain_glm.py") + flags
+    code, text = up.run_upstream(cmd, ported, _one_process_env(env), Path(workdir) / "pretrained.log", timeout)
+    found = sorted(save.glob("*/latest_checkpointed_iteration.txt"))
+    if code != 0 or not found:
+        from harness.verify import failure_cause
+
+        raise up.HarnessError(f"pretraining the checkpoint failed: {failure_cause(code, text)} (log: {workdir}/pretrained.log)")
+    return found[0].parent
+
+
+def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, timeout: int) -> Path:
+    """``pretrained`` split for model-parallel size 2 by the migrated tree's own ``change_mp.py``
+    (what the ``tp2`` runs load)."""
+    from harness.verify import failure_cause
+
+    copy = Path(workdir) / "pretrained-mp" / pretrained.name
+    if copy.parent.exists():
+        shutil.rmtree(copy.parent)
+    shutil.copytree(pretrained, copy)
+    log = Path(workdir) / "pretrained-mp2.log"
+    code, text = up.run_upstream(_launch("ported", "change_mp.py") + [str(copy), "2"], ported, _one_process_env(env),
+                                 log, timeout)  # fmt: skip
+    if code != 0:
+        raise up.HarnessError(f"change_mp.py to model-parallel size 2 failed: {failure_cause(code, text)} (log: {log})")
+    return copy.parent / f"{copy.name}_MP2"
+
+
+def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list[str]:
+    common = [*MODEL_FLAGS, "--finetune", "--load-pretrained", str(pretrained), "--save", str(save),
+              "--experiment-name", name, "--overwrite"]  # fmt: skip
+    if name in SUPERGLUE_TASKS:
+        task, pattern = SUPERGLUE_TASKS[name]
+        extra = ["--checkpoint-activations"] if name == "superglue" else []
+        return [*common, "--cloze-eval", "--task", task, "--data-dir", str(data / task), "--seq-length", "64",
+                "--eval-batch-size", "4", "--save-epoch", "100000", "--lr-decay-style", "linear", "--warmup", "0.1",
+                "--weight-decay", "1.0e-1", "--pattern-id", pattern, "--save-interval", "10000", "--log-interval", "1",
+                "--eval-interval", "10000000", "--eval-iters", "100", "--batch-size", "4", "--epochs", "2",
+                "--lr", "1e-4", *extra]  # fmt: skip
+    if name == "seq2seq":
+        return [*common, "--task", "cnn_dm_original", "--data-dir", str(data / "s2s"), "--epochs", "1",
+                "--batch-size", "4", "--lr", "1e-4", "--lr-decay-style", "linear", "--warmup", "0.06",
+                "--weight-decay", "1.0e-1", "--label-smoothing", "0.1", "--save-interval", "10000",
+                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "100", "--eval-epoch", "1",
+                "--src-seq-length", "64", "--tgt-seq-length", "16", "--min-tgt-length", "8", "--length-penalty", "0.7",
+                "--no-repeat-ngram-size", "3", "--num-beams", "2", "--select-topk", "--eval-batch-size", "1",
+                "--seq-length", "80", "--checkpoint-activations"]  # fmt: skip
+    if name == "lambada":
+        return [*common, "--task", "lambda", "--valid-data", str(data / "lm" / "lambada_test.jsonl"),
+                "--eval-batch-size", "4", "--seq-length", "128"]  # fmt: skip
+    if name == "wikitext":
+        return [*common, "--task", "wikitext", "--valid-data", str(data / "lm" / "wiki.test.tokens"),
+                "--eval-batch-size", "4", "--seq-length", "128", "--overlapping-eval", "32"]  # fmt: skip
+    raise ValueError(name)
+
+
+@dataclass
+class SideRun:
+    code: int
+    figures: Figures
+    log: Path
+    cause: str = ""
+
+
+def read_figures(text: str, figures: Figures) -> None:
+    for line in text.splitlines():
+        line = line.strip()
+        for pattern, what in FIGURE_LINES:
+            for m in pattern.finditer(line):
+                figures.add(what, " ".join(g for g in m.groups()))
+
+
+def shard_digest(directory: Path) -> list[tuple[str, str]]:
+    """(what, value) for every ``mp_rank_*`` file under ``directory``: each tensor of its ``module``
+    (shape and SHA-256 of its bytes) and every other key's type. Loads with ``weights_only=False``:
+    the files are the ones this harness's own runs wrote."""
+    import torch
+
+    out = []
+    for path in sorted(Path(directory).rglob("mp_rank_*_model_states.pt")):
+        sd = torch.load(path, map_location="cpu", weights_only=False)
+        rel = path.relative_to(directory)
+        for key in sorted(k for k in sd if k != "module"):
+            out.append((f"{rel} {key}", type(sd[key]).__name__))
+        out += tensor_digest(sd["module"], f"{rel} module.")
+    return out
+
+
+def tensor_digest(state_dict: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """(name, "shape sha256-prefix") for every tensor of ``state_dict``, sorted by name."""
+    out = []
+    for key, tensor in sorted(state_dict.items()):
+        data = tensor.detach().contiguous().cpu().numpy().tobytes()
+        out.append((f"{prefix}{key}", f"{tuple(tensor.shape)} {hashlib.sha256(data).hexdigest()[:16]}"))
+    return out
+
+
+def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretrained: Path, workdir: Path,
+              timeout: int, mode: str = "1") -> SideRun:  # fmt: skip
+    """Run entry point ``name`` in ``tree`` (``side``: "original" under ``env`` with the mock,
+    "ported" without) and read its figures. ``mode`` ``tp2``: two processes under torchrun with
+    ``--model-parallel-size 2``, ``pretrained`` then being a checkpoint of that size (:func:`pretrained_mp2`)."""
+    from harness.verify import EXTRA_FLAGS, failure_cause
+
+    if mode not in MODES[name]:
+        raise ValueError(f"{name} does not run in mode {mode}")
+    out = Path(workdir) / f"{name}.{mode}.{side}"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log = Path(workdir) / f"{name}.{mode}.{side}.log"
+    env = _one_process_env(env)
+    parallel = ["--model-parallel-size", "2"] if mode == "tp2" else []
+    figures = Figures()
+    stdin = None
+    if name == "resume":
+        save = out / "save"
+        flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", "4"]
+        code, text = up.run_upstream(_launch(side, "pretrain_glm.py") + flags + ["--save", str(save), "--save-interval", "2"],
+                                     tree, env, log, timeout)  # fmt: skip
+        if code == 0:
+            [run_dir] = [p.parent for p in save.glob("*/latest_checkpointed_iteration.txt")]
+            (run_dir / "latest_checkpointed_iteration.txt").write_text("2")  # as if stopped after iteration 2
+            log = log.with_name(f"{name}.{mode}.{side}.load.log")
+            code, text = up.run_upstream(_launch(side, "pretrain_glm.py") + flags + ["--load", str(run_dir)],
+                                         tree, env, log, timeout)  # fmt: skip
+            if code == 0 and f"{run_dir}/2/mp_rank_00_model_states.pt" not in text:
+                code, text = 1, text + "\n[harness] the second run did not load the checkpoint of iteration 2"
+    elif name == "change_mp":
+        source = out / "checkpoint"
+        shutil.copytree(pretrained, source)
+        code, text = up.run_upstream(_launch(side, "change_mp.py") + [str(source), "2"], tree, env, log, timeout)
+        if code == 0:
+            for what, value in shard_digest(out / "checkpoint_MP2"):
+                figures.add(what, value)
+    elif name == "convert":
+        source = out / "checkpoint"
+        shutil.copytree(pretrained, source)
+        [shard] = source.glob("*/mp_rank_00_model_states.pt")
+        code, text = up.run_upstream(_launch(side, "scripts/convert_glm_checkpoint_to_transformers.py")
+                                     + [str(shard), "glm-large"], tree, env, log, timeout)  # fmt: skip
+        if code == 0:
+            import torch
+
+            converted = torch.load(shard.with_name("pytorch_model.bin"), map_location="cpu", weights_only=True)
+            for what, value in tensor_digest(converted, "pytorch_model.bin "):
+                figures.add(what, value)
+    elif name in ("generate", "generate_topk"):
+        stdin = "".join(p + "\n" for p in GENERATE_PROMPTS) + "stop\n"
+        top_k = "1" if name == "generate" else "40"  # greedy; or scripts/generate_block.sh's sampling
+        flags = [*MODEL_FLAGS, "--load-pretrained", str(pretrained), "--DDP-impl", "none", *parallel,
+                 "--out-seq-length", "16", "--seq-length", "64", "--temperature", "0.9", "--top-k", top_k, "--top-p", "0"]  # fmt: skip
+        code, text = up.run_upstream(_launch(side, "generate_samples.py", mode) + flags, tree, env, log, timeout,
+                                     stdin=stdin)  # fmt: skip
+    else:
+        hyps = tree / "runs" / name / "test.jsonl.hyps"  # the seq2seq test predictions, one a line (log dir)
+        if hyps.exists():
+            hyps.unlink()
+        flags = _finetune_flags(name, data, pretrained, out / "save") + parallel
+        code, text = up.run_upstream(_launch(side, "finetune_glm.py", mode) + flags, tree, env, log, timeout)
+        if code == 0 and name == "seq2seq":
+            for line in hyps.read_text(encoding="utf-8").splitlines():
+                figures.add("summary", line)
+    if code == 0:
+        before = list(figures.items)
+        figures.items = []
+        read_figures(text, figures)
+        figures.items += before
+    return SideRun(code, figures, log, failure_cause(code, text) if code else "")
+
+
+def same(a: str, b: str, rtol: float) -> bool:
+    """Two figure values agree: word by word, numbers within ``rtol`` (relative), the rest exactly."""
+    wa, wb = a.split(), b.split()
+    if len(wa) != len(wb):
+        return False
+    for x, y in zip(wa, wb):
+        if NUMBER.match(x) and NUMBER.match(y):
+            fx, fy = float(x), float(y)
+            if abs(fx - fy) > rtol * max(abs(fx), abs(fy), 1e-30):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@dataclass
+class EntryComparison:
+    name: str
+    original: SideRun
+    ported: SideRun
+    rtol: float
+    mode: str = "1"
+    problems: list[str] = field(default_factory=list)
+    defect: str = ""  # upstream's own failure, the same on both sides (UPSTREAM_DEFECTS)
+
+    def __post_init__(self):
+        known = UPSTREAM_DEFECTS.get((self.name, self.mode))
+        if known and all(r.code != 0 and known in r.cause for r in (self.original, self.ported)):
+            self.defect = known
+            return
+        for side, r in (("original", self.original), ("ported", self.ported)):
+            if r.code != 0:
+                self.problems.append(f"{side} run failed: {r.cause or f'exit status {r.code}'} (log: {r.log})")
+        if self.problems:
+            return
+        a, b = self.original.figures.items, self.ported.figures.items
+        if not a:
+            self.problems.append(f"no figures printed (log: {self.original.log})")
+        if [w for w, _ in a] != [w for w, _ in b]:
+            self.problems.append(f"{len(a)} figures in the original, {len(b)} in the ported run, or in another order")
+            return
+        for (what, x), (_, y) in zip(a, b):
+            if not same(x, y, self.rtol):
+                self.problems.append(f"{what}: {x!r} (original) vs {y!r} (ported)")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def summary(figures: Figures, limit: int = 3) -> str:
+    """A short account of a run's figures for the table: the first and last of each kind, counted."""
+    kinds: dict[str, list[str]] = {}
+    for what, value in figures.items:
+        if what.startswith("pytorch_model.bin "):
+            key = "tensor"
+        else:
+            key = ("tensor" if " module." in what else "kept key") if "mp_rank_" in what else what
+        kinds.setdefault(key, []).append(value)
+    parts = []
+    for what, values in kinds.items():
+        if what in ("tensor", "kept key"):
+            parts.append(f"{len(values)} {what}s")
+        elif len(values) == 1:
+            parts.append(f"{what} {values[0][:60]}")
+        else:
+            parts.append(f"{what} x{len(values)}: {values[0][:40]} ... {values[-1][:40]}")
+    return "; ".join(parts[:limit + 2])
+
+
+def table(comparison: EntryComparison) -> str:
+    entry = ENTRY_POINTS[comparison.name]
+    where = ", torchrun 2, --model-parallel-size 2" if comparison.mode == "tp2" else ""
+    lines = [f"## {entry.title}{where}", "", f"compared: {entry.compared}"]
+    if comparison.original.code == 0 and comparison.ported.code == 0:
+        lines.append(f"original: {summary(comparison.original.figures)}")
+        lines.append(f"ported:   {summary(comparison.ported.figures)}")
+        lines.append(f"{len(comparison.original.figures.items)} figures each")
+    if comparison.defect:
+        lines.append(f"UPSTREAM: both sides fail alike, upstream's own defect: {comparison.defect}")
+        return "\n".join(lines)
+    verdict = "MATCH" if comparison.ok else "MISMATCH"
+    lines.append(f"{verdict} (rtol {comparison.rtol:g})" + "".join(f"\n  - {x}" for x in comparison.problems))
+    return "\n".join(lines)
+
