@@ -15,7 +15,8 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (GLM_GPU_TESTS_DEVICE=cpu rehearses these on the CPU)")
     for item in items:
-        if "gpu" in item.keywords:
+        # The marker itself, not a keyword: "gpu" is also a parameter id elsewhere (bench.gpu in the bench tests).
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
