@@ -29,13 +29,14 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from bench._measure import print_cpu_line
+from harness import free_port
 
 
 def build_parser():
@@ -54,22 +55,6 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-arg", action="append", default=[], help="more glm-serve arguments")
     return parser
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def write_model(width: int, layers: int, directory) -> str:
@@ -221,7 +206,7 @@ async def main_async(args):
             model = (await http.get(base + "/v1/models")).json()["data"][0]["id"]
             ok, *_ = await one_request(http, base, model, "warm up", args.max_tokens)
             rss_first = server.memory_info().rss
-            print(f"glm-serve on {model!r}; CPU: {cpu_name()} ({os.cpu_count()} logical cores visible); server "
+            print(f"glm-serve on {model!r}; server "
                   f"threads {args.threads or 'default'}; {args.requests} requests per client, {args.max_tokens} "
                   f"tokens each, greedy", flush=True)
             print(f"{'clients':>7} {'requests':>8} {'tokens':>7} {'s':>7} {'tok/s':>8} {'x1':>6} "
@@ -257,7 +242,9 @@ async def main_async(args):
 
 
 def main(argv=None):
-    asyncio.run(main_async(build_parser().parse_args(argv)))
+    args = build_parser().parse_args(argv)
+    print_cpu_line()
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
