@@ -334,13 +334,13 @@ class Int4Linear(_QuantizedLinear):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if self.packed:
-            raise RuntimeError(f"{prefix or 'Int4Linear'}: the int4 weight is packed for this machine's kernel and "
+            raise RuntimeError(f"{prefix.rstrip('.') or 'Int4Linear'}: the int4 weight is packed for this machine's kernel and "
                                "cannot be saved; quantize with pack=False to save, pack_quantized() after loading")
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if self.packed:
-            raise RuntimeError(f"{prefix or 'Int4Linear'}: load into a layer that is not packed yet, then pack()")
+            raise RuntimeError(f"{prefix.rstrip('.') or 'Int4Linear'}: load into a layer that is not packed yet, then pack()")
         for name, shape in (("weight", tuple(self.weight.shape)), ("weight_scale", tuple(self.weight_scale.shape)),
                             ("weight_zero", tuple(self.weight_zero.shape))):
             given = state_dict.get(prefix + name)
