@@ -15,7 +15,9 @@ quantizes at load: int8/int4 load the quantized tensors as saved (``pack=False``
                  weights; needs CHATGLM_CPP_PYTHON and CHATGLM2_CODE as bench.chatglm2 documents; batch 1
 
 Columns: load s (read + assign + pack; chatglm-cpp: its Pipeline reading the GGML file), file MiB (the
-saved weights), load RSS MiB (the process's resident memory gained by loading), ttft ms, decode tok/s
+saved weights), load RSS MiB (the process's resident memory gained by loading: safetensors maps the file,
+so weights the packing did not copy come in on first use), RSS end MiB (the whole process after the run,
+Python and torch included), ttft ms, decode tok/s
 (batch x (new_tokens - 1) / time from the first token to the last), same tokens (row 0's greedy tokens
 equal to fp32's at that batch), and the decode ratio to bf16 packed and to chatglm-cpp at the same bits.
 
@@ -131,6 +133,7 @@ def worker(variant: str, batch: int, path: str, args) -> dict:
         "variant": variant, "batch": batch, "load_s": load_s, "load_rss_mib": load_rss / 2**20,
         "file_mib": path.stat().st_size / 2**20, "ttft_ms": 1e3 * sorted(ttfts)[len(ttfts) // 2],
         "decode_tok_s": decode_rate(batch * (args.new_tokens - 1), decode), "tokens": tokens[0].tolist(),
+        "rss_end_mib": status_kib("VmRSS") / 1024,  # the whole process after the run: every weight page touched
     }
 
 
@@ -266,7 +269,8 @@ def print_table(rows: list[dict]) -> None:
     def row_of(variant, batch):
         return next((r for r in rows if r["variant"] == variant and r["batch"] == batch), None)
 
-    print(f"{'variant':<9} {'batch':>5} {'load s':>7} {'file MiB':>9} {'load RSS MiB':>13} {'ttft ms':>9} "
+    print(f"{'variant':<9} {'batch':>5} {'load s':>7} {'file MiB':>9} {'load RSS MiB':>13} {'RSS end MiB':>12} "
+          f"{'ttft ms':>9} "
           f"{'decode tok/s':>13} {'same tokens':>12} {'vs bf16':>8} {'vs cpp same bits':>17}")
     for row in rows:
         fp32, bf16 = row_of("fp32", row["batch"]), row_of("bf16", row["batch"])
@@ -275,8 +279,9 @@ def print_table(rows: list[dict]) -> None:
         ratio = f"{row['decode_tok_s'] / bf16['decode_tok_s']:.2f}x" if bf16 else "n/a"
         vs_cpp = f"{row['decode_tok_s'] / cpp['decode_tok_s']:.2f}x" if cpp else "n/a"
         file_mib = f"{row['file_mib']:.0f}" if "file_mib" in row else "n/a"
+        rss_end = f"{row['rss_end_mib']:.0f}" if "rss_end_mib" in row else "n/a"
         print(f"{row['variant']:<9} {row['batch']:>5} {row['load_s']:>7.2f} {file_mib:>9} {row['load_rss_mib']:>13.0f} "
-              f"{row['ttft_ms']:>9.0f} {row['decode_tok_s']:>13.2f} {same:>12} {ratio:>8} {vs_cpp:>17}")
+              f"{rss_end:>12} {row['ttft_ms']:>9.0f} {row['decode_tok_s']:>13.2f} {same:>12} {ratio:>8} {vs_cpp:>17}")
 
 
 def main(argv=None) -> int:
