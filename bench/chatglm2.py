@@ -85,7 +85,7 @@ PRESETS = {
 }
 
 
-def _config(args):
+def model_config(args):
     from glm_port.models.chatglm2 import ChatGLM2Config
 
     return ChatGLM2Config(
@@ -105,7 +105,7 @@ def seeded(args):
 
     torch.manual_seed(0)
     with torch.device(args.device if args.device.startswith("cuda") else "cpu"):
-        return ChatGLM2ForCausalLM(_config(args))
+        return ChatGLM2ForCausalLM(model_config(args))
 
 
 def write_thudm_directory(args, directory) -> None:
@@ -146,7 +146,7 @@ def write_thudm_directory(args, directory) -> None:
 def build(variant: str, args):
     import torch
 
-    config = _config(args)
+    config = model_config(args)
     ours = seeded(args)
     if variant in ("glm_port", "packed", "compiled"):
         model = ours
@@ -226,23 +226,23 @@ def greedy(variant, model, prompt, new_tokens, clock=None):
         return torch.cat(tokens, 1)
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
-def _reset_peak_rss() -> int:
+def reset_peak_rss() -> int:
     """Reset the process's RSS high-water mark (Linux: ``5`` to ``/proc/self/clear_refs``); the RSS now."""
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
-    return _status_kib("VmRSS") * 1024
+    return status_kib("VmRSS") * 1024
 
 
-def _peak_rss() -> int:
-    return _status_kib("VmHWM") * 1024
+def peak_rss() -> int:
+    return status_kib("VmHWM") * 1024
 
 
-def _decode_rate(tokens: int, seconds: float) -> float:
+def decode_rate(tokens: int, seconds: float) -> float:
     """Decode tokens/s; NaN for a zero-length interval (one new token)."""
     return tokens / seconds if seconds > 0 else float("nan")
 
@@ -278,7 +278,7 @@ def worker(variant: str, batch: int, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
         baseline = torch.cuda.memory_allocated()
     else:
-        baseline = _reset_peak_rss()
+        baseline = reset_peak_rss()
     sync(args.device)
     clock = {}
     tokens = greedy(variant, model, prompt, args.new_tokens, clock)
@@ -287,8 +287,8 @@ def worker(variant: str, batch: int, args) -> dict:
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - baseline
     else:
-        peak = _peak_rss() - baseline
-    rate = _decode_rate(batch * (args.new_tokens - 1), decode)
+        peak = peak_rss() - baseline
+    rate = decode_rate(batch * (args.new_tokens - 1), decode)
     bound = weight_bytes_per_step(model) * (rate / batch) / copy_rate(args.device)
     return {
         "variant": variant, "batch": batch, "ttft_ms": 1e3 * ttft, "decode_tok_s": rate,
@@ -301,7 +301,9 @@ def cpp_worker(variant: str, ggml_file: str, args) -> dict:
     import chatglm_cpp
     import torch
 
+    rss_before, start = status_kib("VmRSS") * 1024, time.perf_counter()
     pipeline = chatglm_cpp.Pipeline(ggml_file, max_length=args.prompt + args.new_tokens)
+    load_s, load_rss = time.perf_counter() - start, status_kib("VmRSS") * 1024 - rss_before
     model = pipeline.model
     gen_config = chatglm_cpp._C.GenerationConfig(
         max_length=args.prompt + args.new_tokens, max_new_tokens=args.new_tokens,
@@ -328,14 +330,15 @@ def cpp_worker(variant: str, ggml_file: str, args) -> dict:
         greedy_ids(prompt, 1)
         ttfts.append(time.perf_counter() - start)
     ttft = sorted(ttfts)[len(ttfts) // 2]
-    baseline = _reset_peak_rss()
+    baseline = reset_peak_rss()
     clock.clear()
     tokens = greedy_ids(prompt, args.new_tokens)
     decode = time.perf_counter() - clock["first"]
     return {
         "variant": variant, "batch": 1, "ttft_ms": 1e3 * ttft,
-        "decode_tok_s": _decode_rate(args.new_tokens - 1, decode),
-        "peak_mib": (_peak_rss() - baseline) / 2**20, "tokens": tokens,
+        "decode_tok_s": decode_rate(args.new_tokens - 1, decode),
+        "peak_mib": (peak_rss() - baseline) / 2**20, "tokens": tokens,
+        "load_s": load_s, "load_rss_mib": load_rss / 2**20,  # reading the GGML file into its Pipeline
     }
 
 

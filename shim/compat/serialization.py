@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 
+__all__ = ["trusting_load"]
+
 
 def trusting_load(load):
     """``load`` (torch.load) with ``weights_only`` False when the caller leaves it out or passes None."""

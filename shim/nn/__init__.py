@@ -13,6 +13,7 @@ from shim.nn.normalization import (  # noqa: F401 (exported)
     MixedFusedRMSNorm,
 )
 from shim.nn.packed_linear import PackedLinear, pack_linears  # noqa: F401 (exported)
+from shim.nn.quantized import Int4Linear, Int8Linear, pack_quantized, quantize_linears  # noqa: F401 (exported)
 from shim.nn.softmax import AttnMaskType, FusedScaleMaskSoftmax  # noqa: F401 (exported)
 from shim.nn.tensor_parallel import Linear1D, VocabParallelEmbedding, heads_per_rank  # noqa: F401 (exported)
 

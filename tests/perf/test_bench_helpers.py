@@ -178,3 +178,17 @@ def test_every_bench_prints_the_cpu_in_its_header(name):
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
     calls = [node for node in ast.walk(main) if isinstance(node, ast.Call) and ast.unparse(node.func) == "print_cpu_line"]
     assert calls, f"bench/{name}.py's main does not print the CPU line (bench._measure.print_cpu_line)"
+
+
+def test_quantized_bench_table_compares_with_bf16_and_cpp_at_the_same_bits(capsys):
+    from bench.quantized import print_table
+
+    def row(variant, batch, rate, tokens):
+        return {"variant": variant, "batch": batch, "load_s": 1.0, "file_mib": 10.0, "load_rss_mib": 5.0,
+                "ttft_ms": 100.0, "decode_tok_s": rate, "tokens": tokens}
+
+    print_table([row("fp32", 1, 2.0, [1, 2, 3]), row("bf16", 1, 4.0, [1, 2, 3]), row("int4", 1, 12.0, [1, 2, 4]),
+                 row("cpp_q4_0", 1, 10.0, [1, 9, 9]), row("bf16", 8, 20.0, [1]), row("int4", 8, 30.0, [1])])
+    lines = {tuple(line.split()[:2]): line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["int4", "1"][-3:] == ["2/3", "3.00x", "1.20x"]  # tokens as fp32's, vs bf16, vs q4_0
+    assert lines["int4", "8"][-3:] == ["n/a", "1.50x", "n/a"]  # no fp32 row at 8; chatglm-cpp does not batch
