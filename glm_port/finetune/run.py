@@ -82,21 +82,36 @@ class Session:
 # ---- model -------------------------------------------------------------------------------------------
 
 
+def _family(args):
+    """The registry's family of --model_name_or_path (GLM for the embedded default)."""
+    name = args.model_name_or_path
+    if name is None or name in _embedded():
+        return _embedded().get(name, FAMILIES["glm"])
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
+    family = family_at(path)
+    if family.finetune is None:
+        raise FinetuneError(f"--model_name_or_path {path}: glm-finetune does not finetune the {family.name} family")
+    return family
+
+
+def _check_features(args) -> None:
+    """What the flags ask for, against what the model's family declares (``Family.supports``): one line for
+    anything it lacks, before anything is loaded or written."""
+    _family(args).require(
+        (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
+         "tensor_parallel"),
+        (args.recompute and "--recompute", "recompute"),
+        ((args.lora and "--lora") or (args.lora_path and "--lora_path"), "lora"),
+    )
+
+
 def _binding(args):
     """The finetune binding of --model_name_or_path's family (GLM for the embedded default)."""
     import importlib
 
-    name = args.model_name_or_path
-    if name is None or name in _embedded():
-        family = _embedded().get(name, FAMILIES["glm"])
-    else:
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
-        family = family_at(path)
-        if family.finetune is None:
-            raise FinetuneError(f"--model_name_or_path {path}: glm-finetune does not finetune the {family.name} family")
-    return importlib.import_module(family.finetune)
+    return importlib.import_module(_family(args).finetune)
 
 
 def _apply_lora(args, glm):
@@ -430,6 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     output_dir = Path(args.output_dir)
     try:
         _check_outputs(args, toy)
+        _check_features(args)
         if toy:
             args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
             model = args.model_name_or_path or "a small GLM"
