@@ -35,6 +35,9 @@ from glm_port.models import FAMILIES, family_at
 from glm_port.outputs import check_apart, check_directory_output, check_file_output, follow_umask
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
+__all__ = ["PROG", "FinetuneError", "Session", "apply_lora", "batches", "evaluate", "generate_targets", "main",
+           "save_model", "setup", "train"]
+
 PROG = "glm-finetune"
 TOY_FLAGS = dict(do_train=True, do_eval=True, max_steps=300, learning_rate=2e-3, warmup_ratio=0.05,
                  per_device_train_batch_size=32, per_device_eval_batch_size=48, src_length=12, tgt_length=10,
@@ -114,7 +117,7 @@ def _binding(args):
     return importlib.import_module(_family(args).finetune)
 
 
-def _apply_lora(args, glm):
+def apply_lora(args, glm):
     """PEFT LoRA on ``--lora_target_modules`` (new adapters, or ``--lora_path``'s); the base frozen."""
     import peft
 
@@ -312,7 +315,7 @@ def setup(args) -> Session:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    model = _apply_lora(args, base) if args.lora or args.lora_path else base
+    model = apply_lora(args, base) if args.lora or args.lora_path else base
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home)
