@@ -73,3 +73,29 @@ def test_a_decode_graph_of_a_chatglm2_is_refused_in_one_line_before_reading(fine
     assert exc.value.code == 2 and err == [
         f"glm-export: error: {flag}: the chatglm2 family does not support a decode-step graph (ONNX, torch.export)"]
     assert not (tmp_path / "out").exists()
+
+
+def test_glm_export_folds_an_adapter_into_chatglm2_tensor_parallel_shards(finetuned, tmp_path, capsys):
+    """The base as glm-finetune --tensor_parallel_degree 2 saves a ChatGLM2 (mp_rank_XX files carrying the
+    config, the tokenizer beside them): glm-export reads it merged and folds the adapter in alike."""
+    import peft
+
+    from glm_port.checkpoint_io import TRACKER, model_file_name
+    from glm_port.models.chatglm2.weights import load_pretrained, load_tokenizer, tensor_parallel_slice
+
+    base, adapter = finetuned
+    model = load_pretrained(base)
+    (tmp_path / "tp" / "3").mkdir(parents=True)
+    for rank in range(2):
+        module = {name: tensor_parallel_slice(name, full, model.config, rank, 2).clone()
+                  for name, full in model.state_dict().items()}
+        torch.save({"iteration": 3, "module": module, "glm_config": model.config.to_dict()},
+                   tmp_path / "tp" / "3" / model_file_name(rank))
+    (tmp_path / "tp" / TRACKER).write_text("3")
+    load_tokenizer(base).save_pretrained(tmp_path / "tp")
+    export_main(["--model_name_or_path", str(tmp_path / "tp"), "--lora_path", str(adapter), "--output_path",
+                 str(tmp_path / "out")])
+    assert "warning" not in capsys.readouterr().err  # the same weights as the base the adapter recorded
+    with torch.no_grad():
+        adapted = peft.PeftModel.from_pretrained(model, str(adapter)).eval()(input_ids=IDS).logits
+        torch.testing.assert_close(load_pretrained(tmp_path / "out")(IDS).logits, adapted, rtol=1e-5, atol=1e-5)
