@@ -35,22 +35,19 @@ class Family:
     config_class: str
     model_class: str
     model_types: tuple[str, ...]  # the ``model_type`` values of config.json files this family reads
+    # The ``FEATURES`` this family has, each tested for it; anything else is refused by the commands.
+    supports: frozenset[str] = frozenset()
     # Module with ``load(path, ...) -> (model, tokenizer)`` and ``generate(model, tokenizer, prompts, ...)``,
     # what glm-generate drives (glm_port.generation); None: the family does not generate.
     generation: str | None = None
     # Module with glm-finetune's binding (load, encode, collate, logits, generate, save...: see
     # glm_port/models/glm/finetune.py); None: the family is not finetuned by glm-finetune.
     finetune: str | None = None
-    # The ``FEATURES`` this family has, each tested for it; anything else is refused by the commands.
-    supports: frozenset[str] = frozenset()
 
     def __post_init__(self):
         unknown = set(self.supports) - set(FEATURES)
         if unknown:
             raise ValueError(f"family {self.name}: unknown features {sorted(unknown)} (known: {sorted(FEATURES)})")
-
-    def load(self, attribute: str):
-        return getattr(importlib.import_module(self.module), attribute)
 
     def require(self, *requested: tuple[str | None, str]) -> None:
         """``(flag, feature)`` pairs, one per feature a command can be asked for (``flag``: how the user asked,
@@ -62,15 +59,18 @@ class Family:
             if flag and feature not in self.supports:
                 raise Unsupported(f"{flag}: the {self.name} family does not support {FEATURES[feature]}")
 
+    def load(self, attribute: str):
+        return getattr(importlib.import_module(self.module), attribute)
+
 
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
                   generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
                   supports=frozenset(FEATURES)),
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
+                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export"}),
                        generation="glm_port.models.chatglm2.generation",
-                       finetune="glm_port.models.chatglm2.finetune",
-                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export"})),
+                       finetune="glm_port.models.chatglm2.finetune"),
 }
 
 
