@@ -194,23 +194,6 @@ def test_no_import_cycles(graph, package):
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
-    """The parser itself: a hidden (function-local) import and a relative one are both edges."""
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sub" / "__init__.py").write_text("")
-    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
-    (package / "sub" / "b.py").write_text("from .. import a\nfrom . import c\n")
-    (package / "sub" / "c.py").write_text("")
-    monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    known = package_modules("pkg")
-    edges = {name: imports_of(name, path, known) for name, path in known.items()}
-    assert edges["pkg.a"] == {"pkg.sub.b"}
-    assert edges["pkg.sub.b"] == {"pkg.a", "pkg.sub.c"}
-    assert find_cycle(edges, set(edges)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
-
-
 # ---- no private name across packages ---------------------------------------------------------------------
 
 # Top-level packages whose modules may use their own ``_private`` names but none of another's: what another
@@ -292,3 +275,20 @@ def test_the_private_name_checker_sees_imports_and_attributes(tmp_path, monkeypa
     assert private_uses("bench.a", known["bench.a"], known) == [
         "line 2: from shim.nn.tp import _x", "line 7: import shim._device",
         "line 6: torch.nn.tp._x (shim)", "line 6: tp._x (shim.nn.tp)"]
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
+    """The parser itself: a hidden (function-local) import and a relative one are both edges."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("from .. import a\nfrom . import c\n")
+    (package / "sub" / "c.py").write_text("")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    known = package_modules("pkg")
+    edges = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert edges["pkg.a"] == {"pkg.sub.b"}
+    assert edges["pkg.sub.b"] == {"pkg.a", "pkg.sub.c"}
+    assert find_cycle(edges, set(edges)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
