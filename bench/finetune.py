@@ -83,7 +83,7 @@ def _samples(shape: Shape, count: int, seed: int):
 def _build(shape: Shape, variant: str, device):
     import shim as torch
     from glm_port.finetune.arguments import parse_args
-    from glm_port.finetune.run import _apply_lora
+    from glm_port.finetune.run import apply_lora
     from glm_port.models.glm import GLMConfig, GLMModel
 
     lora, recompute = variant.startswith("lora"), variant.endswith("+recompute")
@@ -93,7 +93,7 @@ def _build(shape: Shape, variant: str, device):
     torch.manual_seed(0)
     glm = GLMModel(config).to(device)
     args = parse_args(["--lora"] if lora else [])
-    return (_apply_lora(args, glm) if lora else glm), args
+    return (apply_lora(args, glm) if lora else glm), args
 
 
 def worker(spec: str, args) -> dict:

@@ -28,6 +28,25 @@ def tensor_parallel_size() -> int:
     return 1 if layout is None else layout.tensor_parallel_size
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelParallel:
+    """What a family's loader needs to know: this rank's place in the tensor-parallel group, and its
+    pipeline stage (``PipelineStage``) when the layers are split into stages."""
+
+    size: int
+    rank: int
+    pipeline: object = None
+
+
+def current_model_parallel() -> ModelParallel | None:
+    """This rank's tensor-parallel place under the layout set up now (``ParallelEnv``), for a loader that
+    reads its slices; None with no layout or a tensor-parallel size of 1."""
+    layout = dist.current_layout()
+    if layout is None or layout.tensor_parallel_size == 1:
+        return None
+    return ModelParallel(layout.tensor_parallel_size, layout.tensor_parallel_rank)
+
+
 class ParallelEnv:
     """The ranks of one run: device, data-parallel and tensor-parallel groups."""
 

@@ -194,6 +194,89 @@ def test_no_import_cycles(graph, package):
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+# ---- no private name across packages ---------------------------------------------------------------------
+
+# Top-level packages whose modules may use their own ``_private`` names but none of another's: what another
+# package needs is public in its owner (in the owner's ``__all__``). Dunders (``__version__``) are public.
+PUBLIC_ONLY_ACROSS = ("shim", "glm_port", "migrate", "harness", "bench")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """Where module ``name`` reaches a ``_private`` name of another package of ``PUBLIC_ONLY_ACROSS``: importing
+    it (``from shim.x import _y``, ``import shim._x``) or reading it as an attribute of something imported from
+    that package (``run._y``, ``shim.nn._y.z``, ``torch._y`` after ``import shim as torch``)."""
+    own = name.split(".")[0]
+    package = name if _is_package(name, known) else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+
+    def foreign(dotted: str) -> bool:
+        top = dotted.split(".")[0]
+        return top in PUBLIC_ONLY_ACROSS and top != own
+
+    found, bound = [], {}  # bound: local names of things imported from another package
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if foreign(alias.name):
+                    found += [f"line {node.lineno}: import {alias.name}"
+                              for part in alias.name.split(".")[1:] if _private(part)][:1]
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if not foreign(base):
+                continue
+            if any(_private(part) for part in base.split(".")[1:]):
+                found.append(f"line {node.lineno}: from {base} import ...")
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append(f"line {node.lineno}: from {base} import {alias.name}")
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root, chain = node, [node.attr]
+            while isinstance(root.value, ast.Attribute):
+                root = root.value
+                chain.append(root.attr)
+            if isinstance(root.value, ast.Name) and root.value.id in bound:
+                found.append(f"line {node.lineno}: {root.value.id}.{'.'.join(reversed(chain))} "
+                             f"({bound[root.value.id]})")
+    return found
+
+
+def test_no_private_name_is_used_across_packages():
+    known = {name: path for package in PUBLIC_ONLY_ACROSS for name, path in package_modules(package).items()}
+    assert "bench.finetune" in known and "glm_port.finetune.lora" in known
+    bad = [f"{path.relative_to(ROOT)} {use}" for name, path in known.items()
+           for use in private_uses(name, path, known)]
+    assert not bad, "private names of another package (make them public in their owner):\n" + "\n".join(bad)
+
+
+def test_the_private_name_checker_sees_imports_and_attributes(tmp_path, monkeypatch):
+    for package in ("shim", "bench"):
+        (tmp_path / package / "nn").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "nn" / "__init__.py").write_text("")
+    (tmp_path / "shim" / "nn" / "tp.py").write_text("_x = 1\n__version__ = 2\n")
+    (tmp_path / "shim" / "own.py").write_text("from shim.nn.tp import _x\nfrom .nn import tp\ntp._x\n")  # its own
+    (tmp_path / "bench" / "a.py").write_text(
+        "import shim as torch\nfrom shim.nn.tp import _x, __version__\nimport shim.nn.tp as tp\n"
+        "def f():\n    from shim.nn import tp as t\n    return torch.nn.tp._x, tp._x, t.__version__, t.public\n"
+        "import shim._device\nobj = object()\nobj._anything\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    known = {**package_modules("shim"), **package_modules("bench")}
+    assert private_uses("shim.own", known["shim.own"], known) == []
+    assert private_uses("bench.a", known["bench.a"], known) == [
+        "line 2: from shim.nn.tp import _x", "line 7: import shim._device",
+        "line 6: torch.nn.tp._x (shim)", "line 6: tp._x (shim.nn.tp)"]
+
+
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
     """The parser itself: a hidden (function-local) import and a relative one are both edges."""
     package = tmp_path / "pkg"

@@ -1,5 +1,5 @@
-"""``glm-export``: a (finetuned) GLM for serving: one Hugging Face directory with the LoRA adapter folded in,
-in the serving dtype, and optionally a graph of the decoding step (ONNX, ``torch.export``).
+"""``glm-export``: a (finetuned) GLM or ChatGLM2 for serving: one directory with the LoRA adapter folded in, in the
+serving dtype, and (GLM) optionally a graph of the decoding step (ONNX, ``torch.export``).
 
     glm-export --model_name_or_path out/final --output_path served --dtype float16
     glm-export --model_name_or_path glm-large-chinese --lora_path out/final --output_path served --onnx
@@ -10,6 +10,11 @@ files) loads with ``glm-generate --model OUT`` and ``GLMForConditionalGeneration
 ``--onnx`` adds ``onnx/decode_step.onnx`` (checked against the eager model with onnxruntime before it is
 written), ``--torch_export`` adds ``decode_step.pt2``. See ``glm_port.convert.decode_step`` for the graph's
 inputs and outputs. The directory is written whole or not at all.
+
+A ChatGLM2 model (THUDM's directory, or glm-finetune's tensor-parallel shards: the family comes from the
+config, ``models.family_at``) is written in THUDM's layout by the family's writer, as glm-merge writes it
+(``chatglm2.convert.save_checkpoint``); it declares no decode-step graph (``Family.supports``), so ``--onnx``
+and ``--torch_export`` are refused for it in one line before anything is read.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from glm_port.convert.decode_step import (ONNX_INSTALL, check_onnx, export_onnx,
 from glm_port.convert.merge import (DTYPE_METAVAR, ConvertError, check_not_adapter, check_output, source_tokenizer,
                                     torch_dtype, write_model_directory)
 from glm_port.dtypes import dtype_argument
+from glm_port.models import family_at
 from glm_port.models.glm.tokenizer import tokenizer_files
 from glm_port.models.glm.weights import WeightsError
 
@@ -89,24 +95,26 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     lora = Path(lora_path).expanduser() if lora_path else None
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     target = torch_dtype(dtype)
-    if onnx and (missing := missing_onnx_modules()):
-        raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     check_output(out, overwrite, ("--model_name_or_path", source), ("--lora_path", lora),
                  ("--tokenizer_path", tokenizer_path), out_flag="--output_path")
     if not source.exists():
         raise ConvertError(f"--model_name_or_path {source}: no such file or directory")
     check_not_adapter(source, "--model_name_or_path")
+    family = family_at(source)  # its config.json, or the config its shards carry; GLM without one
+    family.require((f"--model_name_or_path {source}", "export"), (lora is not None and "--lora_path", "lora"),
+                   (onnx and "--onnx", "decode_graph"), (torch_export and "--torch_export", "decode_graph"))
+    if onnx and (missing := missing_onnx_modules()):
+        raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     if lora is not None:
         check_adapter(lora)  # before the model loads
+    if family.name == "chatglm2":
+        return export_chatglm2(source, out, lora, target, tokenizer_type=tokenizer_type,
+                               tokenizer_path=tokenizer_path, overwrite=overwrite,
+                               allow_base_mismatch=allow_base_mismatch)
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
-        warning = None
-        if (lora / "adapter_config.json").is_file():  # (fold_adapter refuses any other folder)
-            warning = check_adapter_base(lora, source, model.glm, allow_mismatch=allow_base_mismatch)
-        model.glm = fold_adapter(model.glm, lora)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
+        model.glm = fold_checked(model.glm, source, lora, allow_base_mismatch)
     model = model.to(target).eval()
     state = {k: v.detach() for k, v in model.glm.state_dict().items()}
     report = {"output": str(out), "dtype": str(target).replace("torch.", ""), "lora": str(lora) if lora else None}
@@ -142,15 +150,52 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     return report
 
 
+def fold_checked(model, source: Path, lora: Path, allow_base_mismatch: bool):
+    """``model`` (the base read from ``source``) with the adapter at ``lora`` folded in, after the base record
+    check; the check's warning, if any, printed once it has folded in."""
+    warning = None
+    if (lora / "adapter_config.json").is_file():  # (fold_adapter refuses any other folder)
+        warning = check_adapter_base(lora, source, model, allow_mismatch=allow_base_mismatch)
+    model = fold_adapter(model, lora)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    return model
+
+
+def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, tokenizer_type=None, tokenizer_path=None,
+                    overwrite: bool = False, allow_base_mismatch: bool = False) -> dict:
+    """A ChatGLM2 (THUDM directory or glm-finetune's shards) with ``lora`` folded in, in ``target`` dtype, written
+    in THUDM's layout by the family's writer (``chatglm2.convert.save_checkpoint``, what glm-merge writes)."""
+    from glm_port.models.chatglm2.convert import save_checkpoint, tokenizer_for
+    from glm_port.models.chatglm2.weights import load_pretrained, open_weights
+
+    if tokenizer_type is not None:
+        raise ConvertError("--tokenizer_type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
+                           "(--tokenizer_path)")
+    tokenizer = tokenizer_for(source, open_weights(source), tokenizer_path)
+    model = load_pretrained(source, dtype=torch.float32)  # fold in fp32
+    if tokenizer.vocab_size > model.config.padded_vocab_size:
+        raise ConvertError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
+                           f"padded_vocab_size ({model.config.padded_vocab_size}): name its own with --tokenizer_path")
+    if lora is not None:
+        model = fold_checked(model, source, lora, allow_base_mismatch)
+    state = {k: v.detach().to(target) if v.is_floating_point() else v.detach() for k, v in model.state_dict().items()}
+    written = save_checkpoint(state, model.config, tokenizer, out, overwrite=overwrite,
+                              inputs=[("--model_name_or_path", source), ("--lora_path", lora),
+                                      ("--tokenizer_path", tokenizer_path)])
+    return {"output": written["output"], "dtype": written["dtype"], "lora": str(lora) if lora else None,
+            "parameters": written["parameters"]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Export a GLM for serving: LoRA folded in, one safetensors file in the serving dtype, "
-        "config and tokenizer files; optionally an ONNX or torch.export graph of the decoding step.",
+        prog=PROG, description="Export a GLM or ChatGLM2 for serving: LoRA folded in, the weights in the serving dtype, "
+        "config and tokenizer files; optionally (GLM) an ONNX or torch.export graph of the decoding step.",
         epilog="The graph takes new tokens after a key/value cache (past 0: the prompt; query 1: a decode step); "
         "see docs/finetune.md, 'Merging shards and exporting', for its inputs and what does not export.")
     parser.add_argument("--model_name_or_path", required=True,
                         help="the model: a Hugging Face GLM directory (glm-finetune's final/), tensor-parallel shards, "
-                        "or a glm-pretrain --save directory")
+                        "a glm-pretrain --save directory, or a ChatGLM2 directory (THUDM's layout, written back in it)")
     parser.add_argument("--lora_path", default=None,
                         help="a PEFT LoRA adapter (glm-finetune --lora's output) to fold in (default: none)")
     parser.add_argument("--output_path", required=True, help="the directory to write")
@@ -158,9 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weights (and graph) precision; fp32, bf16, fp16 too (default float32)")
     parser.add_argument("--onnx", action="store_true",
                         help="also write onnx/decode_step.onnx, checked against the eager model with onnxruntime "
-                        "(default: no graph)")
+                        "(GLM only; default: no graph)")
     parser.add_argument("--torch_export", action="store_true",
-                        help="also write decode_step.pt2, torch.export (default: no graph)")
+                        help="also write decode_step.pt2, torch.export (GLM only; default: no graph)")
     parser.add_argument("--tokenizer_type", default=None,
                         help="vocabulary type, where none is beside the model (default: the one beside it, else "
                         "glm-pretrain's built-in)")

@@ -42,7 +42,7 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from glm_port.checkpoint_io import weights_fingerprint
-from shim.nn.tensor_parallel import Linear1D, _is_dtensor, section_part, sections_whole
+from shim.nn.tensor_parallel import Linear1D, is_dtensor, section_part, sections_whole
 
 __all__ = ["TensorParallelLoraLinear", "full_adapter_state_dict", "lora_config", "register"]
 
@@ -90,7 +90,7 @@ class TensorParallelLoraLinear(LoraLinear):
 
     def __init__(self, base_layer, adapter_name, config, **kwargs):
         base = base_layer.get_base_layer() if hasattr(base_layer, "get_base_layer") else base_layer
-        self.split = base.parallel if _is_dtensor(base.weight) else None  # "col", "row" or None
+        self.split = base.parallel if is_dtensor(base.weight) else None  # "col", "row" or None
         if self.split:
             self.mesh = base.weight.device_mesh
             self.tp_size, self.tp_rank = self.mesh.size(), self.mesh.get_local_rank()
@@ -225,7 +225,7 @@ def full_adapter_state_dict(model) -> dict:
                 out[f"{name}.lora_{kind}.{adapter}.weight"] = module._whole(kind, layer.weight.detach())
     for key, value in model.state_dict().items():  # other PEFT layers (targets that are not Linear1D)
         if "lora_" in key and key not in out:
-            out[key] = value.full_tensor() if _is_dtensor(value) else value
+            out[key] = value.full_tensor() if is_dtensor(value) else value
     return out
 
 

@@ -35,6 +35,9 @@ from glm_port.models import FAMILIES, family_at
 from glm_port.outputs import check_apart, check_directory_output, check_file_output, follow_umask
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
+__all__ = ["PROG", "FinetuneError", "Session", "apply_lora", "batches", "evaluate", "generate_targets", "main",
+           "save_model", "setup", "train"]
+
 PROG = "glm-finetune"
 TOY_FLAGS = dict(do_train=True, do_eval=True, max_steps=300, learning_rate=2e-3, warmup_ratio=0.05,
                  per_device_train_batch_size=32, per_device_eval_batch_size=48, src_length=12, tgt_length=10,
@@ -82,24 +85,39 @@ class Session:
 # ---- model -------------------------------------------------------------------------------------------
 
 
+def _family(args):
+    """The registry's family of --model_name_or_path (GLM for the embedded default)."""
+    name = args.model_name_or_path
+    if name is None or name in _embedded():
+        return _embedded().get(name, FAMILIES["glm"])
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
+    family = family_at(path)
+    if family.finetune is None:
+        raise FinetuneError(f"--model_name_or_path {path}: glm-finetune does not finetune the {family.name} family")
+    return family
+
+
+def _check_features(args) -> None:
+    """What the flags ask for, against what the model's family declares (``Family.supports``): one line for
+    anything it lacks, before anything is loaded or written."""
+    _family(args).require(
+        (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
+         "tensor_parallel"),
+        (args.recompute and "--recompute", "recompute"),
+        ((args.lora and "--lora") or (args.lora_path and "--lora_path"), "lora"),
+    )
+
+
 def _binding(args):
     """The finetune binding of --model_name_or_path's family (GLM for the embedded default)."""
     import importlib
 
-    name = args.model_name_or_path
-    if name is None or name in _embedded():
-        family = _embedded().get(name, FAMILIES["glm"])
-    else:
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise FinetuneError(f"--model_name_or_path {path}: no such file or directory")
-        family = family_at(path)
-        if family.finetune is None:
-            raise FinetuneError(f"--model_name_or_path {path}: glm-finetune does not finetune the {family.name} family")
-    return importlib.import_module(family.finetune)
+    return importlib.import_module(_family(args).finetune)
 
 
-def _apply_lora(args, glm):
+def apply_lora(args, glm):
     """PEFT LoRA on ``--lora_target_modules`` (new adapters, or ``--lora_path``'s); the base frozen."""
     import peft
 
@@ -297,7 +315,7 @@ def setup(args) -> Session:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    model = _apply_lora(args, base) if args.lora or args.lora_path else base
+    model = apply_lora(args, base) if args.lora or args.lora_path else base
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home)
@@ -430,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     output_dir = Path(args.output_dir)
     try:
         _check_outputs(args, toy)
+        _check_features(args)
         if toy:
             args.train_file, args.eval_file = map(str, write_toy_task(output_dir / "toy_task"))
             model = args.model_name_or_path or "a small GLM"

@@ -179,6 +179,17 @@ def generate_kwargs(args) -> dict:
     return kwargs
 
 
+def check_features(family, args) -> None:
+    """What the flags ask for, against what the family declares it supports (``Family.supports``): anything
+    it lacks is refused in one line (``models.Unsupported``) instead of silently ignored."""
+    family.require(
+        (args.tensor_parallel_size > 1 and f"--tensor-parallel-size {args.tensor_parallel_size}", "tensor_parallel"),
+        (args.pipeline_parallel_size > 1 and f"--pipeline-parallel-size {args.pipeline_parallel_size}",
+         "pipeline_parallel"),
+        (args.static_cache and "--static-cache", "static_cache"),
+    )
+
+
 def detect_family(path):
     """The registry's family for the weights at ``path`` (``config.json``'s ``model_type``; GLM without one)."""
     from glm_port.models import family_at
@@ -219,6 +230,7 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
     family = detect_family(args.model)
     if family.generation is None:
         raise UsageError(f"the {family.name} family has no generation")
+    check_features(family, args)  # before any process group starts or any weight is read
     backend = importlib.import_module(family.generation)
     parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
                                                   args.pipeline_num_layers, device=args.device)

@@ -12,20 +12,10 @@ prompts: rank group d takes prompts d, d + D, ...; global rank 0 gathers and wri
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import shim as torch
 import shim.distributed as dist
-
-
-@dataclass(frozen=True)
-class ModelParallel:
-    """What a family's loader needs to know: this rank's place in the tensor-parallel group, and its
-    pipeline stage (``glm_port.distributed.PipelineStage``) when the layers are split into stages."""
-
-    size: int
-    rank: int
-    pipeline: object = None
+from glm_port.distributed import ModelParallel  # noqa: F401  (the loaders' argument; importers name it here too)
 
 
 class InferenceParallel:

@@ -11,6 +11,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+# What a family may declare it supports (``Family.supports``), and how a refusal names it. A command asked for
+# one of these (a flag) checks it with ``Family.require`` before it loads anything: one line, exit status 2.
+FEATURES: dict[str, str] = {
+    "tensor_parallel": "tensor parallelism",
+    "pipeline_parallel": "pipeline parallelism (layers split into stages)",
+    "static_cache": "a static (preallocated) key/value cache",
+    "recompute": "activation checkpointing (recompute)",
+    "lora": "LoRA adapters",
+    "export": "glm-export",
+    "decode_graph": "a decode-step graph (ONNX, torch.export)",
+}
+
+
+class Unsupported(ValueError):
+    """A command was asked for a feature its model's family does not declare (``Family.supports``)."""
+
 
 @dataclass(frozen=True)
 class Family:
@@ -19,6 +35,8 @@ class Family:
     config_class: str
     model_class: str
     model_types: tuple[str, ...]  # the ``model_type`` values of config.json files this family reads
+    # The ``FEATURES`` this family has, each tested for it; anything else is refused by the commands.
+    supports: frozenset[str] = frozenset()
     # Module with ``load(path, ...) -> (model, tokenizer)`` and ``generate(model, tokenizer, prompts, ...)``,
     # what glm-generate drives (glm_port.generation); None: the family does not generate.
     generation: str | None = None
@@ -32,6 +50,21 @@ class Family:
     # Module with ``build_tiny(chat_format=...) -> (model, tokenizer)``: the embedded random-init model the
     # commands use when given no weights; None: the family has none.
     tiny: str | None = None
+
+    def __post_init__(self):
+        unknown = set(self.supports) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"family {self.name}: unknown features {sorted(unknown)} (known: {sorted(FEATURES)})")
+
+    def require(self, *requested: tuple[str | None, str]) -> None:
+        """``(flag, feature)`` pairs, one per feature a command can be asked for (``flag``: how the user asked,
+        e.g. ``"--pipeline-parallel-size 2"``; empty or None: not asked for this time): ``Unsupported`` (one
+        line, naming the flag) for the first feature asked for that this family does not support."""
+        for flag, feature in requested:
+            if feature not in FEATURES:
+                raise KeyError(f"unknown feature {feature!r} (known: {', '.join(FEATURES)})")
+            if flag and feature not in self.supports:
+                raise Unsupported(f"{flag}: the {self.name} family does not support {FEATURES[feature]}")
 
     def load(self, attribute: str):
         return getattr(importlib.import_module(self.module), attribute)
@@ -47,8 +80,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
-                  generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune"),
+                  generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
+                  supports=frozenset(FEATURES)),
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
+                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export"}),
                        generation="glm_port.models.chatglm2.generation",
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
                        tiny="glm_port.models.chatglm2.tiny"),

@@ -57,7 +57,8 @@ from torch.nn import functional as F
 
 from shim.distributed.layout import current_layout, ensure_divisible, layer_mesh
 
-__all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "section_part", "sections_whole", "strided_order"]
+__all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "is_dtensor", "section_part", "sections_whole",
+           "strided_order"]
 
 _PARALLEL_MODES = ("col", "row", "data")
 
@@ -82,14 +83,15 @@ def _tensor_parallel_size() -> int:
     return 1 if layout is None else layout.tensor_parallel_size
 
 
-def _is_dtensor(tensor) -> bool:
-    # DTensor takes seconds to import; before it is imported no tensor can be one.
+def is_dtensor(tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (a tensor-parallel layer's shard), without importing DTensor: it takes
+    seconds to import, and before it is imported no tensor can be one."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(tensor, module.DTensor)
 
 
 def _local(tensor):
-    return tensor.to_local() if _is_dtensor(tensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 class Linear1D(nn.Linear):
@@ -192,10 +194,10 @@ class Linear1D(nn.Linear):
         parallelize_module(self, _tensor_parallel_mesh(layer_idx), style)
 
     def forward(self, x):
-        replicated = self.output_replicas is not None and _is_dtensor(self.weight)
+        replicated = self.output_replicas is not None and is_dtensor(self.weight)
         if not self.skip_bias_add and not replicated:
             return super().forward(x)
-        if not _is_dtensor(self.weight):
+        if not is_dtensor(self.weight):
             return F.linear(x, self.weight), self.bias
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -223,7 +225,7 @@ class Linear1D(nn.Linear):
     def local_rows(self, whole: torch.Tensor) -> torch.Tensor:
         """This rank's rows, in the layer's row layout, of a tensor in the natural order of ``sections``
         (the weight, the bias, a LoRA ``B``), replicated sections included; ``whole`` in one process."""
-        if self.output_sections is None or not _is_dtensor(self.weight):
+        if self.output_sections is None or not is_dtensor(self.weight):
             raise ValueError("Linear1D.local_rows is for a layer with sections under tensor parallel")
         mesh = self.weight.device_mesh
         return section_part(whole, self.output_sections, mesh.get_local_rank(), mesh.size(), self.output_replicas)
@@ -380,7 +382,7 @@ class VocabParallelEmbedding(nn.Embedding):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden @ table.T`` (an output layer tied to this embedding): under tensor parallel, this
         rank's vocabulary slice of the logits (Megatron's ``parallel_output``)."""
-        if not _is_dtensor(self.weight):
+        if not is_dtensor(self.weight):
             return F.linear(hidden, self.weight)
         from torch.distributed.tensor import DTensor, Replicate
 

@@ -330,7 +330,7 @@ def test_chatglm2_family_finetunes_through_the_same_command(tmp_path, capsys):
 # ---- full finetunes of GLM directories, glm-pretrain checkpoints, position limits (issue 26) ---------------
 
 
-def _glm_directory(path, max_sequence_length=64):
+def _glm_directory(path, max_sequence_length=64, **config):
     """A random GLM saved as a Hugging Face directory with its (built-in) tokenizer recorded."""
     from glm_port import GLMConfig, GLMForConditionalGeneration
     from glm_port.data import get_tokenizer
@@ -339,7 +339,7 @@ def _glm_directory(path, max_sequence_length=64):
 
     vocab = get_tokenizer()
     config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=1, hidden_size=32, num_attention_heads=2,
-                       max_sequence_length=max_sequence_length)
+                       max_sequence_length=max_sequence_length, **config)
     torch.manual_seed(0)
     GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(config)).save_pretrained(path)
     GLMTokenizer(vocab).save_pretrained(path)
@@ -372,6 +372,23 @@ def test_a_glm_directory_full_finetunes_every_weight(tmp_path, capsys):
     after = {strip(k): v for k, v in after.items()}
     moved = [k for k, v in before.items() if not torch.equal(v, after[strip(k)])]
     assert len(moved) == len(before), sorted(set(map(strip, before)) - set(map(strip, moved)))
+
+
+def test_a_glm_directory_finetunes_at_tensor_parallel_2_as_one_process(tmp_path, capsys):
+    """--tensor_parallel_degree 2 on a GLM directory: each rank reads its slices (it used to build the model
+    split and read the whole weights into it: a WeightsError), full and LoRA train as one process does."""
+    no_dropout = dict(embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
+    base = _glm_directory(tmp_path / "base", **no_dropout)  # the ranks draw other dropout masks than one process
+    full = [*TP_ARGV, "--model_name_or_path", str(base), "--do_train", "--train_file",
+            str(_pairs_file(tmp_path / "t.json")), "--src_length", "16", "--tgt_length", "8"]
+    lora = [*full, "--lora", "--lora_target_modules", "query_key_value,dense"]
+    logs = _run_two_ranks(tmp_path, [*full, "--output_dir", str(tmp_path / "tp_full")],
+                          [*lora, "--output_dir", str(tmp_path / "tp_lora")])
+    for log, argv, name in zip(logs, (full, lora), ("one_full", "one_lora")):
+        parallel, single = _losses(log), _losses(_run([*argv, "--output_dir", str(tmp_path / name)], capsys))
+        assert sorted(parallel) == sorted(single) == [1, 2, 3, 4], log
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), (name, step)
 
 
 def _pretrain(save, *extra):

@@ -280,7 +280,7 @@ def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
 
 
 # ---------------------------------------------------------------- glm-merge
-def _tokenizer_for(src: Path, source, tokenizer_path):
+def tokenizer_for(src: Path, source, tokenizer_path):
     """The tokenizer to write beside the merged weights: ``tokenizer_path`` (a ``tokenizer.model`` or its
     directory), else the one beside SRC (for shards: in SRC, their iteration directory or its parent)."""
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
@@ -314,7 +314,7 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
     check_destination(dst, [("SRC", src), ("--tokenizer-path", tokenizer_path)], overwrite, "--overwrite")
     source = open_weights(src)  # shards: checked on opening (ranks, names, part shapes)
     config = source.config if hasattr(source, "config") else check_directory(src)
-    tokenizer = _tokenizer_for(src, source, tokenizer_path)
+    tokenizer = tokenizer_for(src, source, tokenizer_path)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise WeightsError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({config.padded_vocab_size}): name its own with --tokenizer-path")
@@ -332,10 +332,7 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
     names = [n for n in source.keys() if not n.endswith(IGNORED_KEYS)]
 
     def write_config(directory):
-        config.architectures = ["ChatGLM2ForCausalLM"]
-        config.dtype = stored.pop() if len(stored) == 1 else torch.float32
-        config.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        _write_config_and_tokenizer(config, stored.pop() if len(stored) == 1 else torch.float32, tokenizer, directory)
 
     write_plan([(n, lambda n=n: get(n)) for n in names], dst, write_config, None, _parse_size(max_shard_size),
                None, desc="glm-merge", overwrite=overwrite, inputs=[("SRC", src), ("--tokenizer-path", tokenizer_path)])
@@ -343,3 +340,36 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
             "shards": getattr(source, "size", 1), "output": str(dst), **count,
             "dtype": str(config.dtype).replace("torch.", ""),
             "tokenizer": f"ChatGLM2 sentencepiece ({tokenizer.vocab_size} ids)"}
+
+
+def _write_config_and_tokenizer(config, dtype, tokenizer, directory) -> None:
+    config.architectures = ["ChatGLM2ForCausalLM"]
+    config.dtype = dtype
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(),
+                    max_shard_size="2GB", desc: str = "glm-export") -> dict:
+    """A whole (THUDM-named) ``state`` -> one THUDM-layout directory ``dst``, as ``merge_checkpoint`` writes it
+    (safetensors shards + index, ``config.json`` with the weights' dtype, the tokenizer): glm-export's writer
+    for a model with its LoRA adapter folded in. Names are checked against the architecture first; ``dst``
+    appears whole or not at all, and may neither be, contain nor lie inside any of ``inputs``."""
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
+    with torch.device("meta"):
+        expected = {k: list(v.shape) for k, v in ChatGLM2ForCausalLM(config).state_dict().items()}
+    for name, tensor in state.items():
+        if expected.get(name) != list(tensor.shape):
+            raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this ChatGLM2 architecture "
+                               f"({'needs ' + str(expected[name]) if name in expected else 'unexpected name'})")
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise WeightsError(f"missing {len(missing)} weight(s), e.g. {missing[0]}")
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    stored = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    write_plan([(n, lambda n=n: state[n]) for n in state], dst,
+               lambda directory: _write_config_and_tokenizer(config, stored, tokenizer, directory), None,
+               _parse_size(max_shard_size), None, desc=desc, overwrite=overwrite, inputs=list(inputs))
+    return {"output": str(dst), "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
+            "dtype": str(stored).replace("torch.", "")}

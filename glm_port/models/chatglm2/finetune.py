@@ -115,8 +115,9 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
         else:
             model = load_pretrained(path, dtype=None, device=device)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
-    if recompute:
-        model.gradient_checkpointing_enable()
+    if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     return model, tokenizer
 
 

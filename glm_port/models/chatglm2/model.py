@@ -37,8 +37,11 @@ import shim.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import logging
 
 from glm_port.models.chatglm2.config import CACHE_KWARG as _CACHE, ChatGLM2Config
+
+logger = logging.get_logger(__name__)
 
 
 class RMSNorm(nn.Module):
@@ -238,15 +241,28 @@ class GLMBlock(nn.Module):
 
 
 class GLMTransformer(nn.Module):
+    # Activation checkpointing (glm-finetune --recompute): transformers' ``activation_checkpointing_enable()``
+    # (``gradient_checkpointing_enable()`` before 5.x's rename) sets this flag and ``_gradient_checkpointing_func``
+    # (torch.utils.checkpoint, non-reentrant: the dropout masks are drawn again the same on recompute).
+    gradient_checkpointing = False
+
     def __init__(self, config: ChatGLM2Config):
         super().__init__()
         self.layers = nn.ModuleList(GLMBlock(config, i) for i in range(config.num_layers))
         if config.post_layer_norm:
             self.final_layernorm = _norm(config)
 
+    def checkpointing(self) -> bool:
+        """Whether this forward keeps only each layer's input, its activations recomputed in backward."""
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
     def forward(self, x, cos, sin, mask, cache):
+        checkpointing = self.checkpointing() and cache is None  # a cache would be written twice on recompute
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, cache)
+            if checkpointing:
+                x = self._gradient_checkpointing_func(layer.__call__, x, cos, sin, mask, None)
+            else:
+                x = layer(x, cos, sin, mask, cache)
         return self.final_layernorm(x) if hasattr(self, "final_layernorm") else x
 
 
@@ -263,7 +279,7 @@ class ChatGLM2PreTrainedModel(PreTrainedModel):
     config_class = ChatGLM2Config
     config: ChatGLM2Config
     base_model_prefix = "transformer"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # each GLMBlock (GLMTransformer.gradient_checkpointing)
     _no_split_modules = ["GLMBlock"]
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"rotary_pos_emb\.inv_freq"]
@@ -313,6 +329,12 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
             raise ValueError("ChatGLM2: pass exactly one of input_ids and inputs_embeds")
         x = self.embedding(input_ids) if inputs_embeds is None else inputs_embeds
         batch, seq = x.shape[:2]
+        if self.encoder.checkpointing() and (use_cache or cache is not None):
+            # Under activation checkpointing a layer's forward runs twice: no cache (as transformers' models do).
+            logger.warning_once("ChatGLM2: a key/value cache is incompatible with activation checkpointing in "
+                                "training; running without one")
+        if self.encoder.checkpointing():
+            use_cache, cache = False, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)

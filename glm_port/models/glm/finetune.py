@@ -30,10 +30,13 @@ def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Pat
         vocab = data.get_tokenizer() if tokenizer_path is None else _tokenizer(tokenizer_path)
         config = GLMConfig(vocab_size=vocab.vocab_size, checkpoint_activations=recompute, **TINY)
         return GLMModel(config).to(device), vocab
+    from glm_port.distributed import current_model_parallel
     from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     vocab = _tokenizer(tokenizer_path if tokenizer_path is not None else tokenizer_home(path))  # quick: first
-    glm = GLMForConditionalGeneration.from_pretrained(path, device=device).glm
+    # Under --tensor_parallel_degree the model is built split: each rank reads its slices (Megatron's rules).
+    glm = GLMForConditionalGeneration.from_pretrained(path, device=device,
+                                                      tensor_parallel=current_model_parallel()).glm
     if vocab.num_tokens > glm.config.vocab_size:
         raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
                          f"{glm.config.vocab_size} embedding rows: not the vocabulary it was trained with")

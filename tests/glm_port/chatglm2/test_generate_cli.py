@@ -74,3 +74,26 @@ def test_min_new_tokens_past_seq_length_is_refused_before_generating(model_dir, 
         generate_main(["--model", str(model_dir), "--max-new-tokens", "600", "--min-new-tokens", "600", "hello"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "min_new_tokens 600: a prompt of" in err and "seq_length (512)" in err and calls == [], err
+
+
+def test_pipeline_parallel_is_refused_before_anything_starts_or_loads(model_dir, capsys, monkeypatch):
+    """ChatGLM2 declares no pipeline parallelism (``Family.supports``): --pipeline-parallel-size 2 is one line,
+    exit 2, before any process group starts or any weight is read (it used to run the whole model on every
+    rank, the flag ignored)."""
+    from glm_port.generation.parallel import InferenceParallel
+    from glm_port.models.chatglm2 import generation
+
+    calls = []
+
+    def started(*args, **kwargs):
+        calls.append("parallel")
+        raise RuntimeError("the ranks were set up")
+
+    monkeypatch.setattr(InferenceParallel, "from_environment", classmethod(started))
+    monkeypatch.setattr(generation, "load", lambda *a, **k: calls.append("load"))
+    with pytest.raises(SystemExit) as exc:
+        generate_main(["--model", str(model_dir), "--pipeline-parallel-size", "2", "hello"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and calls == [] and len(err) == 1
+    assert err[0] == ("glm-generate: error: --pipeline-parallel-size 2: the chatglm2 family does not support "
+                      "pipeline parallelism (layers split into stages)")
