@@ -243,3 +243,101 @@ def train_sentencepiece(lines, model_prefix: str, vocab_size: int = 1000) -> str
         normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
     )
     return model_prefix + ".model"
+
+
+# ---------------------------------------------------------------- transformers' own fast tokenizer
+# Chat templates (Jinja, as transformers' apply_chat_template and vLLM render them) writing the prompts of
+# ``chat.encode_messages``. The text between added tokens gets sentencepiece's dummy prefix ("▁") in the fast
+# tokenizer, as each separately encoded text does here; ChatGLM3's ``metadata + "\n"`` and content are two
+# encodes, so the content follows the newline after a space (the dummy prefix of its own encode).
+CHATGLM2_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='', round=0) -%}"
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{%- set content = message.get('content') or '' -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system + content -%}"
+    "{%- elif message['role'] == 'user' -%}{%- set ns.round = ns.round + 1 -%}"
+    "{{ '[Round ' ~ ns.round ~ ']\\n\\n问：' ~ ns.system ~ content ~ '\\n\\n答：' }}{%- set ns.system = '' -%}"
+    "{%- elif message['role'] == 'assistant' -%}{{ content ~ '\\n\\n' }}"
+    "{%- else -%}{{ raise_exception('chatglm2\\'s chat format has system, user and assistant messages only') }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+CHATGLM3_CHAT_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- set rest = messages -%}"
+    "{%- if tools -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0].get('content') or '' -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set system = '" + "Answer the following questions as best as you can. You have access to the "
+    "following tools:" + "' -%}{%- endif -%}"
+    "{%- set ns = namespace(functions=[]) -%}"
+    "{%- for tool in tools -%}{%- set ns.functions = ns.functions + [tool['function'] if tool['function'] is "
+    "defined else tool] -%}{%- endfor -%}"
+    "{{ '<|system|>\\n ' ~ system ~ '\\n' ~ (ns.functions | tojson(indent=4)) }}"
+    "{%- endif -%}"
+    "{%- for message in rest -%}"
+    "{%- set role = 'observation' if message['role'] == 'tool' else message['role'] -%}"
+    "{%- if role not in ('system', 'user', 'assistant', 'observation') -%}"
+    "{{ raise_exception('chatglm3\\'s chat format has system, user, assistant and tool/observation messages') }}"
+    "{%- endif -%}"
+    "{%- set content = message.get('content') or '' -%}"
+    "{%- if role == 'system' and message.get('tools') -%}"
+    "{%- set content = content ~ '\\n' ~ (message['tools'] | tojson(indent=4)) -%}{%- endif -%}"
+    "{{ '<|' ~ role ~ '|>' ~ (message.get('metadata') or '') ~ '\\n' }}"
+    "{%- if content -%}{{ ' ' ~ content }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+# The names of sop and eop in the fast tokenizer: transformers matches an added token's name anywhere in text
+# ("people" holds "eop"), so they carry GLM-4's angle brackets; their ids are THUDM's.
+FAST_NAMES = {"sop": "<sop>", "eop": "<eop>"}
+
+
+def to_fast_tokenizer(tokenizer: ChatGLM2Tokenizer):
+    """transformers' own fast tokenizer (``PreTrainedTokenizerFast`` over a ``tokenizers`` BPE converted from
+    ``tokenizer.model`` by transformers' sentencepiece converter) giving ``tokenizer``'s ids with no remote
+    code: the specials at their ids, ``[gMASK] <sop>`` prefixed by the post-processor, left padding, and the
+    chat format as ``chat_template``. ``save_pretrained`` writes ``tokenizer.json`` + ``tokenizer_config.json``."""
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor, SpmConverter
+
+    proto = SentencePieceExtractor(tokenizer.vocab_file).proto
+    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    names = {token: FAST_NAMES.get(token, token) for token in tokenizer.command_tokens}
+    # the pieces' own specials (split out of text, as the slow tokenizer does), then the commands at n, n+1, ...
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "</s>")])
+    added = backend.add_special_tokens([AddedToken(names[t], special=True, normalized=False)
+                                        for t in tokenizer.command_tokens])
+    ids = {token: backend.token_to_id(names[token]) for token in tokenizer.command_tokens}
+    if added != len(tokenizer.command_tokens) or ids != tokenizer.special_ids:
+        raise ValueError(f"{tokenizer.vocab_file}: the specials would not get THUDM's ids {tokenizer.special_ids}")
+    gmask, sop, eos = (names["[gMASK]"], ids["[gMASK]"]), (names["sop"], ids["sop"]), ("</s>", vocab["</s>"])
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{gmask[0]} {sop[0]} $A", pair=f"{gmask[0]} {sop[0]} $A $B:1 </s>:1",
+        special_tokens=[gmask, sop, eos])
+    template = CHATGLM3_CHAT_TEMPLATE if tokenizer.is_chatglm3 else CHATGLM2_CHAT_TEMPLATE
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<unk>", eos_token="</s>", padding_side="left",
+        clean_up_tokenization_spaces=False, chat_template=template, chat_format=tokenizer.chat_format,
+        model_max_length=tokenizer.model_max_length)
+
+
+def save_fast_tokenizer(tokenizer: ChatGLM2Tokenizer, directory, model_max_length: int | None = None) -> None:
+    """Write ``to_fast_tokenizer(tokenizer)`` into ``directory`` as transformers 4.x and 5.x both read it with no
+    remote code: ``tokenizer.json``, and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast`` and
+    holding the ``chat_template`` (transformers 5 would put the template in a ``chat_template.jinja`` of its own,
+    which older readers, vLLM's among them, miss)."""
+    fast = to_fast_tokenizer(tokenizer)
+    if model_max_length is not None:
+        fast.model_max_length = model_max_length
+    fast.save_pretrained(directory)
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=fast.chat_template,
+                  model_max_length=fast.model_max_length)
+    config.pop("backend", None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (Path(directory) / "chat_template.jinja").unlink(missing_ok=True)
