@@ -5,6 +5,7 @@ post-processor, the chat format as a chat template) gives the ids of the project
 for text and for chat prompts."""
 
 import json
+import os
 import random
 
 import pytest
@@ -131,3 +132,21 @@ def test_the_round_trip_keeps_the_chatglm_tokenizer(converted):
     assert (back / "tokenizer.model").read_bytes() == (root / "thudm" / "tokenizer.model").read_bytes()
     for text in TEXTS:
         assert again(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+@pytest.mark.skipif(not os.environ.get("CHATGLM2_TOKENIZER"),
+                    reason="set CHATGLM2_TOKENIZER=/path/to/chatglm2-6b/tokenizer.model to check the real vocabulary")
+@pytest.mark.parametrize("chat_format", ["chatglm2", "chatglm3"])
+def test_the_fast_tokenizer_gives_our_ids_on_the_real_vocabulary(tmp_path, chat_format):
+    from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer, save_fast_tokenizer
+
+    tokenizer = ChatGLM2Tokenizer(os.environ["CHATGLM2_TOKENIZER"], chat_format=chat_format)
+    save_fast_tokenizer(tokenizer, tmp_path)
+    native_tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=False)
+    n = tokenizer.sp_model.vocab_size()  # 64789 on the real vocabulary: [gMASK] 64790, sop 64792 (THUDM's)
+    assert [native_tokenizer.convert_tokens_to_ids(t) for t in ("[gMASK]", "<sop>")] == [n + 1, n + 3]
+    for text in TEXTS + random_texts(1000):
+        assert native_tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"], repr(text)
+    for messages in CONVERSATIONS:
+        theirs = native_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+        assert theirs == encode_messages(tokenizer, messages), messages
