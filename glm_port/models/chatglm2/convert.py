@@ -258,6 +258,11 @@ def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
             from glm_port.models.chatglm2.tokenizer import save_fast_tokenizer
 
             save_fast_tokenizer(tokenizer, directory, model_max_length=config.seq_length)
+            if tokenizer.is_chatglm3:  # a reply ends at </s>, <|user|> or <|observation|>: generate and vLLM stop there
+                from transformers import GenerationConfig
+
+                stops = [config.eos_token_id] + [tokenizer.get_command(t) for t in ("<|user|>", "<|observation|>")]
+                GenerationConfig(eos_token_id=stops, pad_token_id=config.pad_token_id).save_pretrained(directory)
 
     write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="to transformers",
                tokenizer_files=("tokenizer.model",))

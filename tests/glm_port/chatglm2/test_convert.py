@@ -153,3 +153,17 @@ def test_a_full_disk_during_a_chatglm2_merge_is_one_line_and_leaves_nothing(tmp_
     assert len(err.splitlines()) == 1, err
     assert f"{tmp_path / 'merged' / 'model.safetensors'}: could not be written (No space left on device" in err, err
     assert not (tmp_path / "merged").exists() and not [p for p in tmp_path.rglob(".*")]
+
+
+def test_an_unreadable_tokenizer_model_is_one_line_before_any_tensor(tmp_path, make_model, write_thudm, capsys,
+                                                                      monkeypatch):
+    from glm_port.models.chatglm2.weights import TensorSource
+
+    write_thudm(make_model(), tmp_path / "src")
+    (tmp_path / "src" / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    read = []
+    monkeypatch.setattr(TensorSource, "__getitem__", lambda self, name: read.append(name))
+    assert convert_main(["--to", "transformers", str(tmp_path / "src"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokenizer.model: not a readable sentencepiece model" in err, err
+    assert not read and not (tmp_path / "hf").exists() and not [p for p in tmp_path.rglob(".*")]

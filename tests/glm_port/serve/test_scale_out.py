@@ -65,6 +65,11 @@ def test_the_model_loads_in_transformers_without_remote_code(converted):
     ids = torch.tensor([tokenizer("the cat sat")["input_ids"]])
     with torch.inference_mode():
         torch.testing.assert_close(native_model(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    stops = native_model.generation_config.eos_token_id  # where a chat reply ends, as glm-serve's reply_stop_ids
+    if tokenizer.is_chatglm3:
+        assert stops == [2, tokenizer.get_command("<|user|>"), tokenizer.get_command("<|observation|>")]
+    else:
+        assert stops in (2, [2])
 
 
 def test_the_tokenizer_files_are_transformers_own(converted):
