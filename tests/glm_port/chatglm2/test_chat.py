@@ -208,3 +208,19 @@ def test_glm_chat_help_shows_the_sampling_flags_defaults(capsys):
     assert "--top-k" in text and "(default: transformers' 50)" in text
     assert "--repetition-penalty" in text and "(default 1.0)" in text
     assert "--stop TEXT" in text and "(repeatable; default: none" in text
+
+
+@pytest.mark.parametrize("chat_format", ["chatglm2", "chatglm3"])
+def test_glm_chat_history_keeps_the_reply_cut_at_the_stop(chat_format, capsys, monkeypatch):
+    """With --no-cache-reuse the next turn re-encodes the history: it holds the reply up to the stop string."""
+    import re
+
+    reply = _reply(capsys, "--chat-format", chat_format)
+    stop = re.search(r"(?<=.)[A-Za-z]{3,}", reply)[0]
+    calls = _spy_generate(monkeypatch)
+    assert chat_main(["--max-new-tokens", "24", "--greedy", "--device", "cpu", "--chat-format", chat_format,
+                      "--no-cache-reuse", "--stop", stop, "--prompt", "hello world", "--prompt", "again"]) in (0, None)
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+
+    second = build_tokenizer(chat_format=chat_format).decode(calls[1]["input_ids"][0], skip_special_tokens=True)
+    assert reply[:reply.index(stop)].strip() in second and stop not in second, second
