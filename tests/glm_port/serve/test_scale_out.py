@@ -39,8 +39,9 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "2"}, {"role": "user", "content": " spaces  around "}],
     [{"role": "user", "content": "first"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "二"}],
 ]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "天气 of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "天气 of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 CHATGLM3_ONLY = [
     [{"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "let me check"},
      {"role": "tool", "content": "{\"temperature\": 21}"}],
@@ -75,7 +76,8 @@ def test_the_model_loads_in_transformers_without_remote_code(converted):
 def test_the_tokenizer_files_are_transformers_own(converted):
     _, tokenizer, root = converted
     files = {p.name for p in (root / "hf").iterdir()}
-    assert {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"} <= files and "chat_template.jinja" not in files
+    assert {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"} <= files
+    assert "chat_template.jinja" not in files
     config = json.loads((root / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "auto_map" not in config
     assert "[gMASK]<sop>" in config["chat_template"] and config["padding_side"] == "left"
