@@ -248,6 +248,14 @@ def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
     source = TensorSource(src)
     plan = to_glm_plan(config, source)
     tokenizer = _source_tokenizer(src)  # before any tensor is read: a bad tokenizer.model fails early
+    fast = None
+    if tokenizer is not None:
+        from glm_port.models.chatglm2.tokenizer import to_fast_tokenizer
+
+        try:
+            fast = to_fast_tokenizer(tokenizer)
+        except ValueError as error:
+            raise WeightsError(str(error)) from None
 
     def write_config(directory):
         if dtype is not None:
@@ -257,7 +265,7 @@ def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
         if tokenizer is not None:  # transformers' own fast tokenizer: AutoTokenizer reads it with no remote code
             from glm_port.models.chatglm2.tokenizer import save_fast_tokenizer
 
-            save_fast_tokenizer(tokenizer, directory, model_max_length=config.seq_length)
+            save_fast_tokenizer(tokenizer, directory, model_max_length=config.seq_length, fast=fast)
             if tokenizer.is_chatglm3:  # a reply ends at </s>, <|user|> or <|observation|>: generate and vLLM stop there
                 from transformers import GenerationConfig
 

@@ -325,12 +325,13 @@ def to_fast_tokenizer(tokenizer: ChatGLM2Tokenizer):
         model_max_length=tokenizer.model_max_length)
 
 
-def save_fast_tokenizer(tokenizer: ChatGLM2Tokenizer, directory, model_max_length: int | None = None) -> None:
+def save_fast_tokenizer(tokenizer: ChatGLM2Tokenizer, directory, model_max_length: int | None = None,
+                        fast=None) -> None:
     """Write ``to_fast_tokenizer(tokenizer)`` into ``directory`` as transformers 4.x and 5.x both read it with no
     remote code: ``tokenizer.json``, and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast`` and
     holding the ``chat_template`` (transformers 5 would put the template in a ``chat_template.jinja`` of its own,
     which older readers, vLLM's among them, miss)."""
-    fast = to_fast_tokenizer(tokenizer)
+    fast = fast if fast is not None else to_fast_tokenizer(tokenizer)  # ``fast``: made already, to fail early
     if model_max_length is not None:
         fast.model_max_length = model_max_length
     fast.save_pretrained(directory)
