@@ -294,18 +294,67 @@ CHATGLM3_CHAT_TEMPLATE = (
 FAST_NAMES = {"sop": "<sop>", "eop": "<eop>"}
 
 
+def sentencepiece_to_tokenizers(path):
+    """``(tokenizers.Tokenizer, {piece: id})``: a sentencepiece BPE model as a ``tokenizers`` BPE that encodes as
+    ``SentencePieceProcessor.encode`` does (no specials of its own).
+
+    Pieces keep their ids; merges are every split of a normal piece into two normal pieces, ranked by the merged
+    piece's score (sentencepiece's BPE joins the best-scoring adjacent pair); byte fallback as the model says.
+    The normaliser follows the model's ``normalizer_spec`` in sentencepiece's order: its precompiled character
+    map, extra whitespace removal, the dummy prefix ("▁" before each text, ``Prepend``: tokenizers normalises
+    each text between added tokens on its own, as each is a separate encode here), spaces as "▁". Pieces a
+    user defined are matched whole and never merged, as sentencepiece does. (transformers 5.24's
+    ``SpmConverter.build_tokenizer_from_spm_proto`` builds the same; earlier 5.x releases' did not, hence our own.)
+    """
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(path).read_bytes())
+    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.BPE:
+        kind = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type)
+        raise ValueError(f"{path}: a sentencepiece {kind} model; ChatGLM2's is BPE")
+    piece_type = sentencepiece_model_pb2.ModelProto.SentencePiece
+    normal, user = piece_type.NORMAL, piece_type.USER_DEFINED
+    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    scores = {piece.piece: (piece.score, i) for i, piece in enumerate(proto.pieces) if piece.type == normal}
+    ranked = sorted((-scores[piece][0], scores[piece][1], piece[:k], piece[k:]) for piece in scores
+                    for k in range(1, len(piece)) if piece[:k] in scores and piece[k:] in scores)
+    user_defined = [piece.piece for piece in proto.pieces if piece.type == user]
+    backend = Tokenizer(BPE(vocab=vocab, merges=[(left, right) for _, _, left, right in ranked],
+                            unk_token=proto.trainer_spec.unk_piece, fuse_unk=True,
+                            byte_fallback=proto.trainer_spec.byte_fallback, ignore_merges=bool(user_defined)))
+    spec, steps = proto.normalizer_spec, []
+    if spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    if spec.remove_extra_whitespaces:  # spaces only: sentencepiece leaves newlines and tabs alone
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if spec.add_dummy_prefix:
+        steps.append(normalizers.Prepend("▁"))
+    if spec.escape_whitespaces:
+        steps.append(normalizers.Replace(" ", "▁"))
+    backend.normalizer = normalizers.Sequence(steps)
+    if user_defined:
+        pattern = "|".join(re.escape(piece) for piece in sorted(user_defined, key=len, reverse=True))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    steps = [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if proto.trainer_spec.byte_fallback else [])
+    steps.append(decoders.Fuse())
+    if spec.add_dummy_prefix:
+        steps.append(decoders.Strip(content=" ", left=1))
+    backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
 def to_fast_tokenizer(tokenizer: ChatGLM2Tokenizer):
-    """transformers' own fast tokenizer (``PreTrainedTokenizerFast`` over a ``tokenizers`` BPE converted from
-    ``tokenizer.model`` by transformers' sentencepiece converter) giving ``tokenizer``'s ids with no remote
-    code: the specials at their ids, ``[gMASK] <sop>`` prefixed by the post-processor, left padding, and the
-    chat format as ``chat_template``. ``save_pretrained`` writes ``tokenizer.json`` + ``tokenizer_config.json``."""
+    """transformers' own fast tokenizer (``PreTrainedTokenizerFast`` over ``sentencepiece_to_tokenizers``' BPE of
+    ``tokenizer.model``) giving ``tokenizer``'s ids with no remote code: the specials at their ids, ``[gMASK]
+    <sop>`` prefixed by the post-processor, left padding, and the chat format as ``chat_template``.
+    ``save_pretrained`` writes ``tokenizer.json`` + ``tokenizer_config.json``."""
     from tokenizers import AddedToken, processors
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import SentencePieceExtractor, SpmConverter
 
-    proto = SentencePieceExtractor(tokenizer.vocab_file).proto
-    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
-    backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    backend, vocab = sentencepiece_to_tokenizers(tokenizer.vocab_file)
     names = {token: FAST_NAMES.get(token, token) for token in tokenizer.command_tokens}
     # the pieces' own specials (split out of text, as the slow tokenizer does), then the commands at n, n+1, ...
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "</s>")])
