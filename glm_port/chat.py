@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=DEFAULTS["temperature"],
                         help=f"divide the logits by this before sampling, >= 0; 0 is greedy, as --greedy "
                              f"(default {DEFAULTS['temperature']}, THUDM's)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample among the k likeliest tokens, >= 0, 0 = all (default: transformers' 50)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="transformers' repetition penalty over the conversation and the reply so far, > 0; "
+                             "1 is off (default 1.0)")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="end a reply at this text, which is cut off with what follows (repeatable; default: "
+                             "none, replies end at the model's end token)")
     parser.add_argument("--greedy", action="store_true",
                         help="greedy decoding instead of sampling (default: sample, THUDM's top-p and temperature)")
     parser.add_argument("--seed", type=int, default=None,
@@ -124,26 +132,48 @@ class Conversation:
         leaves both as they were; so does a KeyboardInterrupt (Ctrl-C) while the reply streams: generation
         is stopped (its worker waited for), the cache cut back to its length before the turn, and the
         interrupt re-raised for the caller to go back to the prompt."""
-        printed, history, past = "", self.history, self.past
+        printed, history, past, stops = "", self.history, self.past, gen.get("stop_strings") or ()
         length = past.get_seq_length() if past is not None else 0
         stream = stream_chat(model, tokenizer, query, self.history, past_key_values=past,
                              return_past_key_values=self.reuse, **gen)
+        response = ""
         try:
             for step in stream:
                 response, history = _text(step[0]), step[1]
                 if self.reuse:
                     past = step[2]
-                out.write(response[len(printed):] if response.startswith(printed) else "\n" + response)
+                shown = cut_at_stop(response, stops)
+                if not shown.startswith(printed):
+                    out.write("\n")
+                    printed = ""
+                out.write(shown[len(printed):])
                 out.flush()
-                printed = response
+                printed = shown
         except KeyboardInterrupt:
             stream.close()  # stops generate at its next token and waits for it (done already if raised inside)
             extra = self.past.get_seq_length() - length if self.past is not None else 0
             if extra > 0:
                 self.past.crop(-extra)  # the interrupted turn's keys and values go (negative: tokens to drop)
             raise
-        out.write("\n")
+        final = cut_at_stop(response, stops, final=True)
+        out.write((final[len(printed):] if final.startswith(printed) else "\n" + final) + "\n")
+        if final != response and history:  # a --stop string cut the reply: the history keeps what was shown
+            history = list(history)
+            last = history[-1]
+            history[-1] = (last[0], final) if isinstance(last, tuple) else {**last, "content": final}
         self.history, self.past = history, past
+
+
+def cut_at_stop(text: str, stops, final: bool = False) -> str:
+    """``text`` up to the first of the ``stops`` strings in it; while a reply streams (not ``final``), also
+    without a tail that may be the start of one (shown once it is not)."""
+    cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    if cuts:
+        return text[:min(cuts)]
+    if final:
+        return text
+    held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+    return text[:len(text) - held]
 
 
 def check_options(args) -> str | None:
@@ -154,7 +184,14 @@ def check_options(args) -> str | None:
         return f"--top-p must be in (0, 1], got {args.top_p}"
     if not 0 <= args.temperature < float("inf"):
         return f"--temperature must be a number >= 0 (0: greedy), got {args.temperature}"
-    texts = [("--system", args.system)] + [(f"--prompt {i + 1}", q) for i, q in enumerate(args.prompt or [])]
+    if args.top_k is not None and args.top_k < 0:
+        return f"--top-k must be at least 0 (0: no cut), got {args.top_k}"
+    if not 0 < args.repetition_penalty < float("inf"):
+        return f"--repetition-penalty must be a number > 0 (1: off), got {args.repetition_penalty}"
+    if any(not stop for stop in args.stop or []):
+        return "--stop must be a non-empty text"
+    texts = [("--system", args.system)] + [("--stop", stop) for stop in args.stop or []]
+    texts += [(f"--prompt {i + 1}", q) for i, q in enumerate(args.prompt or [])]
     for flag, text in texts:
         bad = bad_utf8(text) if text is not None else None
         if bad is not None:
@@ -167,6 +204,12 @@ def generation_options(args) -> dict:
     gen = {"max_new_tokens": args.max_new_tokens}
     greedy = args.greedy or args.temperature == 0
     gen.update({"do_sample": False} if greedy else {"top_p": args.top_p, "temperature": args.temperature})
+    if args.top_k is not None and not greedy:
+        gen["top_k"] = args.top_k
+    if args.repetition_penalty != 1.0:
+        gen["repetition_penalty"] = args.repetition_penalty
+    if args.stop:
+        gen["stop_strings"] = list(args.stop)
     return gen
 
 

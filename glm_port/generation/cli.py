@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (default 1: none)")
     search.add_argument("--length-penalty", type=float, default=None,
                         help="beam score / length ** this (default: transformers' 1.0)")
+    search.add_argument("--repetition-penalty", type=float, default=None,
+                        help="transformers' repetition penalty over the prompt and the text so far, > 0; 1 is off "
+                             "(default: off)")
+    search.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="end a continuation at this text, which is cut off with what follows (repeatable; "
+                             "ChatGLM2 family; default: none)")
     search.add_argument("--no-repeat-ngram-size", type=int, default=None,
                         help="no n-gram of this size twice, >= 1 (default: off)")
     search.add_argument("--num-return-sequences", type=int, default=1,
@@ -156,10 +162,16 @@ def check_search(args) -> None:
         ("--length-penalty", args.length_penalty, lambda v: abs(v) < float("inf"), "a finite number"),
         ("--no-repeat-ngram-size", args.no_repeat_ngram_size, lambda v: v >= 0, "at least 0 (0: off)"),
         ("--pipeline-num-layers", args.pipeline_num_layers, lambda v: v >= 1, "at least 1"),
+        ("--repetition-penalty", args.repetition_penalty, lambda v: 0 < v < float("inf"), "a number > 0 (1: off)"),
     ]
     for flag, value, ok, expected in checks:
         if value is not None and not ok(value):  # NaN fails every comparison: refused too
             raise UsageError(f"{flag} must be {expected}, got {value}")
+    for stop in args.stop or []:
+        if not stop:
+            raise UsageError("--stop must be a non-empty text")
+        if bad_utf8(stop) is not None:
+            raise UsageError(f"--stop: not valid UTF-8 ({bad_utf8(stop)})")
 
 
 def generate_kwargs(args) -> dict:
@@ -170,9 +182,11 @@ def generate_kwargs(args) -> dict:
     if args.static_cache:
         kwargs["cache_implementation"] = "static"
     sampling = () if greedy_by_temperature else ("temperature", "top_k", "top_p")
-    for name in (*sampling, "length_penalty", "no_repeat_ngram_size", "min_new_tokens"):
+    for name in (*sampling, "length_penalty", "no_repeat_ngram_size", "min_new_tokens", "repetition_penalty"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
+    if args.stop:
+        kwargs["stop_strings"] = list(args.stop)
     if args.num_return_sequences > max(args.num_beams, 1) and not kwargs["do_sample"]:
         raise UsageError(f"--num-return-sequences {args.num_return_sequences} needs --num-beams at least as "
                          f"large, or --do-sample")

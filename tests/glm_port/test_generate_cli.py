@@ -195,3 +195,15 @@ def test_search_flags_reach_generate(checkpoint, monkeypatch):
          "--top-k", "7", "--temperature", "0.83", "--seed", "1", "a [MASK]"])
     assert calls and all(c.get("do_sample") is True and c.get("top_p") == 0.61 and c.get("top_k") == 7 and
                          c.get("temperature") == 0.83 for c in calls), calls
+
+
+def test_repetition_penalty_reaches_glm_generate_and_stop_is_refused(checkpoint, monkeypatch, capsys):
+    calls = spy_generate(monkeypatch)
+    run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "--repetition-penalty", "1.4", "a [MASK]"])
+    assert calls and all(c.get("repetition_penalty") == 1.4 for c in calls), calls
+    calls.clear()
+    with pytest.raises(SystemExit) as exit_info:  # GLM's blanks end at eop; a stop string is not ignored silently
+        cli.main(["--model", str(checkpoint), "--stop", "x", "a [MASK]"])
+    assert exit_info.value.code == 2 and not calls
+    err = capsys.readouterr().err.strip()
+    assert err == "glm-generate: error: --stop: GLM's blank filling takes no stop strings (each blank ends at its eop)"

@@ -115,6 +115,8 @@ def _generate_kwargs(model, tokenizer, inputs, kwargs, past_length: int = 0):
     stops = stop_ids(model, tokenizer)
     merged.setdefault("eos_token_id", stops if len(stops) > 1 else stops[0])
     merged.setdefault("pad_token_id", model.config.pad_token_id)
+    if merged.get("stop_strings"):  # transformers' StopStringCriteria reads the tokenizer's pieces
+        merged.setdefault("tokenizer", tokenizer)
     return merged
 
 

@@ -198,7 +198,7 @@ def check_destination(dst, inputs, overwrite: bool = False, overwrite_flag: str 
 
 
 def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 2**30, src=None, desc="convert",
-               overwrite: bool = False, inputs=()):
+               overwrite: bool = False, inputs=(), tokenizer_files=TOKENIZER_FILES):
     """Write the planned tensors as safetensors shards + index, the config and tokenizer files, atomically
     (``overwrite``: a non-empty ``dst`` is replaced once the new one is complete). ``dst`` may neither be,
     contain nor lie inside ``src`` or any of ``inputs`` (``(flag, path)`` pairs), whatever ``overwrite`` says."""
@@ -232,7 +232,7 @@ def write_plan(plan, dst, config_writer, dtype=None, max_shard_bytes: int = 2 * 
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2), encoding="utf-8")
         config_writer(tmp)
-        for fname in TOKENIZER_FILES:
+        for fname in tokenizer_files:  # copied from src as they are (the config writer may write others)
             if src is not None and (Path(src) / fname).is_file():
                 shutil.copyfile(Path(src) / fname, tmp / fname)
         publish(tmp, dst)
@@ -247,14 +247,47 @@ def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
     glm_config = to_glm_config(config)
     source = TensorSource(src)
     plan = to_glm_plan(config, source)
+    tokenizer = _source_tokenizer(src)  # before any tensor is read: a bad tokenizer.model fails early
+    fast = None
+    if tokenizer is not None:
+        from glm_port.models.chatglm2.tokenizer import to_fast_tokenizer
+
+        try:
+            fast = to_fast_tokenizer(tokenizer)
+        except ValueError as error:
+            raise WeightsError(str(error)) from None
 
     def write_config(directory):
         if dtype is not None:
             glm_config.dtype = dtype
         glm_config.architectures = ["GlmForCausalLM"]
         glm_config.save_pretrained(directory)
+        if tokenizer is not None:  # transformers' own fast tokenizer: AutoTokenizer reads it with no remote code
+            from glm_port.models.chatglm2.tokenizer import save_fast_tokenizer
 
-    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="to transformers")
+            save_fast_tokenizer(tokenizer, directory, model_max_length=config.seq_length, fast=fast)
+            if tokenizer.is_chatglm3:  # a reply ends at </s>, <|user|> or <|observation|>: generate and vLLM stop there
+                from transformers import GenerationConfig
+
+                stops = [config.eos_token_id] + [tokenizer.get_command(t) for t in ("<|user|>", "<|observation|>")]
+                GenerationConfig(eos_token_id=stops, pad_token_id=config.pad_token_id).save_pretrained(directory)
+
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="to transformers",
+               tokenizer_files=("tokenizer.model",))
+
+
+def _source_tokenizer(src):
+    """The ChatGLM2/ChatGLM3 tokenizer of ``src`` (None without a ``tokenizer.model``); a one-line WeightsError
+    for one sentencepiece cannot read."""
+    from glm_port.models.chatglm2.weights import load_tokenizer
+
+    if not (Path(src) / "tokenizer.model").is_file():
+        return None
+    try:
+        return load_tokenizer(src)
+    except (RuntimeError, ValueError, OSError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{Path(src) / 'tokenizer.model'}: not a readable sentencepiece model ({message})") from None
 
 
 def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
@@ -271,12 +304,16 @@ def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
     config = from_glm_config(raw)
     source = TensorSource(src)
     plan = from_glm_plan(config, source)
+    tokenizer = _source_tokenizer(src)
 
     def write_config(directory):
         config.architectures = ["ChatGLM2ForCausalLM"]
         config.save_pretrained(directory)
+        if tokenizer is not None:  # ChatGLM2's own tokenizer_config.json (its chat format), not the fast one's
+            tokenizer.save_pretrained(directory)
 
-    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="from transformers")
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="from transformers",
+               tokenizer_files=("tokenizer.model",) if tokenizer is not None else TOKENIZER_FILES)
 
 
 # ---------------------------------------------------------------- glm-merge

@@ -38,6 +38,16 @@ def load_split(path, config, dtype=None, device="cpu"):
     return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
 
 
+def cut_at_stop(tokenizer, ids: list[int], stops) -> tuple[list[int], str]:
+    """``(ids up to the token that completes the first stop string, the text before that string)``."""
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k])
+        cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+        if cuts:
+            return ids[:k], text[:min(cuts)]
+    return ids, tokenizer.decode(ids)
+
+
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, batch_size: int = 8,
              **generate_kwargs) -> list[dict]:
     """One result per prompt (per returned sequence): ``prompt``, ``text`` (prompt + continuation),
@@ -45,6 +55,9 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, 
     eos, pad = model.config.eos_token_id, model.config.pad_token_id
     generate_kwargs.setdefault("eos_token_id", eos)
     generate_kwargs.setdefault("pad_token_id", pad)
+    stops = list(generate_kwargs.get("stop_strings") or [])
+    if stops:  # transformers' StopStringCriteria stops each row once its text holds one; cut there below
+        generate_kwargs["tokenizer"] = tokenizer
     batches, limit = [], model.config.seq_length
     for start in range(0, len(prompts), batch_size):  # every batch checked before any is generated
         batch = prompts[start:start + batch_size]
@@ -67,6 +80,8 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, 
             new = sequence[length:]
             new = new[:new.index(eos)] if eos in new else new
             completion = tokenizer.decode(new)
+            if stops and any(stop in completion for stop in stops):
+                new, completion = cut_at_stop(tokenizer, new, stops)
             padding = int((inputs["attention_mask"][row // per_prompt] == 0).sum())  # left padding
             ids = sequence[padding:]
             results.append({"prompt": prompt, "text": prompt + completion, "generated_ids": [new],

@@ -243,3 +243,151 @@ def train_sentencepiece(lines, model_prefix: str, vocab_size: int = 1000) -> str
         normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
     )
     return model_prefix + ".model"
+
+
+# ---------------------------------------------------------------- transformers' own fast tokenizer
+# Chat templates (Jinja, as transformers' apply_chat_template and vLLM render them) writing the prompts of
+# ``chat.encode_messages``. The text between added tokens gets sentencepiece's dummy prefix ("▁") in the fast
+# tokenizer, as each separately encoded text does here; ChatGLM3's ``metadata + "\n"`` and content are two
+# encodes, so the content follows the newline after a space (the dummy prefix of its own encode).
+CHATGLM2_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='', round=0) -%}"
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{%- set content = message.get('content') or '' -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system + content -%}"
+    "{%- elif message['role'] == 'user' -%}{%- set ns.round = ns.round + 1 -%}"
+    "{{ '[Round ' ~ ns.round ~ ']\\n\\n问：' ~ ns.system ~ content ~ '\\n\\n答：' }}{%- set ns.system = '' -%}"
+    "{%- elif message['role'] == 'assistant' -%}{{ content ~ '\\n\\n' }}"
+    "{%- else -%}{{ raise_exception('chatglm2\\'s chat format has system, user and assistant messages only') }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+CHATGLM3_CHAT_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- set rest = messages -%}"
+    "{%- if tools -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0].get('content') or '' -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set system = '" + "Answer the following questions as best as you can. You have access to the "
+    "following tools:" + "' -%}{%- endif -%}"
+    "{%- set ns = namespace(functions=[]) -%}"
+    "{%- for tool in tools -%}{%- set ns.functions = ns.functions + [tool['function'] if tool['function'] is "
+    "defined else tool] -%}{%- endfor -%}"
+    "{{ '<|system|>\\n ' ~ system ~ '\\n' ~ (ns.functions | tojson(indent=4)) }}"
+    "{%- endif -%}"
+    "{%- for message in rest -%}"
+    "{%- set role = 'observation' if message['role'] == 'tool' else message['role'] -%}"
+    "{%- if role not in ('system', 'user', 'assistant', 'observation') -%}"
+    "{{ raise_exception('chatglm3\\'s chat format has system, user, assistant and tool/observation messages') }}"
+    "{%- endif -%}"
+    "{%- set content = message.get('content') or '' -%}"
+    "{%- if role == 'system' and message.get('tools') -%}"
+    "{%- set content = content ~ '\\n' ~ (message['tools'] | tojson(indent=4)) -%}{%- endif -%}"
+    "{{ '<|' ~ role ~ '|>' ~ (message.get('metadata') or '') ~ '\\n' }}"
+    "{%- if content -%}{{ ' ' ~ content }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+# The names of sop and eop in the fast tokenizer: transformers matches an added token's name anywhere in text
+# ("people" holds "eop"), so they carry GLM-4's angle brackets; their ids are THUDM's.
+FAST_NAMES = {"sop": "<sop>", "eop": "<eop>"}
+
+
+def sentencepiece_to_tokenizers(path):
+    """``(tokenizers.Tokenizer, {piece: id})``: a sentencepiece BPE model as a ``tokenizers`` BPE that encodes as
+    ``SentencePieceProcessor.encode`` does (no specials of its own).
+
+    Pieces keep their ids; merges are every split of a normal piece into two normal pieces, ranked by the merged
+    piece's score (sentencepiece's BPE joins the best-scoring adjacent pair); byte fallback as the model says.
+    The normaliser follows the model's ``normalizer_spec`` in sentencepiece's order: its precompiled character
+    map, extra whitespace removal, the dummy prefix ("▁" before each text, ``Prepend``: tokenizers normalises
+    each text between added tokens on its own, as each is a separate encode here), spaces as "▁". Pieces a
+    user defined are matched whole and never merged, as sentencepiece does. (transformers 5.24's
+    ``SpmConverter.build_tokenizer_from_spm_proto`` builds the same; earlier 5.x releases' did not, hence our own.)
+    """
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(path).read_bytes())
+    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.BPE:
+        kind = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type)
+        raise ValueError(f"{path}: a sentencepiece {kind} model; ChatGLM2's is BPE")
+    piece_type = sentencepiece_model_pb2.ModelProto.SentencePiece
+    normal, user = piece_type.NORMAL, piece_type.USER_DEFINED
+    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    scores = {piece.piece: (piece.score, i) for i, piece in enumerate(proto.pieces) if piece.type == normal}
+    ranked = sorted((-scores[piece][0], scores[piece][1], piece[:k], piece[k:]) for piece in scores
+                    for k in range(1, len(piece)) if piece[:k] in scores and piece[k:] in scores)
+    user_defined = [piece.piece for piece in proto.pieces if piece.type == user]
+    backend = Tokenizer(BPE(vocab=vocab, merges=[(left, right) for _, _, left, right in ranked],
+                            unk_token=proto.trainer_spec.unk_piece, fuse_unk=True,
+                            byte_fallback=proto.trainer_spec.byte_fallback, ignore_merges=bool(user_defined)))
+    spec, steps = proto.normalizer_spec, []
+    if spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    if spec.remove_extra_whitespaces:  # spaces only: sentencepiece leaves newlines and tabs alone
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if spec.add_dummy_prefix:
+        steps.append(normalizers.Prepend("▁"))
+    if spec.escape_whitespaces:
+        steps.append(normalizers.Replace(" ", "▁"))
+    backend.normalizer = normalizers.Sequence(steps)
+    if user_defined:
+        pattern = "|".join(re.escape(piece) for piece in sorted(user_defined, key=len, reverse=True))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    steps = [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if proto.trainer_spec.byte_fallback else [])
+    steps.append(decoders.Fuse())
+    if spec.add_dummy_prefix:
+        steps.append(decoders.Strip(content=" ", left=1))
+    backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
+def to_fast_tokenizer(tokenizer: ChatGLM2Tokenizer):
+    """transformers' own fast tokenizer (``PreTrainedTokenizerFast`` over ``sentencepiece_to_tokenizers``' BPE of
+    ``tokenizer.model``) giving ``tokenizer``'s ids with no remote code: the specials at their ids, ``[gMASK]
+    <sop>`` prefixed by the post-processor, left padding, and the chat format as ``chat_template``.
+    ``save_pretrained`` writes ``tokenizer.json`` + ``tokenizer_config.json``."""
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend, vocab = sentencepiece_to_tokenizers(tokenizer.vocab_file)
+    names = {token: FAST_NAMES.get(token, token) for token in tokenizer.command_tokens}
+    # the pieces' own specials (split out of text, as the slow tokenizer does), then the commands at n, n+1, ...
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "</s>")])
+    added = backend.add_special_tokens([AddedToken(names[t], special=True, normalized=False)
+                                        for t in tokenizer.command_tokens])
+    ids = {token: backend.token_to_id(names[token]) for token in tokenizer.command_tokens}
+    if added != len(tokenizer.command_tokens) or ids != tokenizer.special_ids:
+        raise ValueError(f"{tokenizer.vocab_file}: the specials would not get THUDM's ids {tokenizer.special_ids}")
+    gmask, sop, eos = (names["[gMASK]"], ids["[gMASK]"]), (names["sop"], ids["sop"]), ("</s>", vocab["</s>"])
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{gmask[0]} {sop[0]} $A", pair=f"{gmask[0]} {sop[0]} $A $B:1 </s>:1",
+        special_tokens=[gmask, sop, eos])
+    template = CHATGLM3_CHAT_TEMPLATE if tokenizer.is_chatglm3 else CHATGLM2_CHAT_TEMPLATE
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<unk>", eos_token="</s>", padding_side="left",
+        clean_up_tokenization_spaces=False, chat_template=template, chat_format=tokenizer.chat_format,
+        model_max_length=tokenizer.model_max_length)
+
+
+def save_fast_tokenizer(tokenizer: ChatGLM2Tokenizer, directory, model_max_length: int | None = None,
+                        fast=None) -> None:
+    """Write ``to_fast_tokenizer(tokenizer)`` into ``directory`` as transformers 4.x and 5.x both read it with no
+    remote code: ``tokenizer.json``, and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast`` and
+    holding the ``chat_template`` (transformers 5 would put the template in a ``chat_template.jinja`` of its own,
+    which older readers, vLLM's among them, miss)."""
+    fast = fast if fast is not None else to_fast_tokenizer(tokenizer)  # ``fast``: made already, to fail early
+    if model_max_length is not None:
+        fast.model_max_length = model_max_length
+    fast.save_pretrained(directory)
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=fast.chat_template,
+                  model_max_length=fast.model_max_length)
+    config.pop("backend", None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (Path(directory) / "chat_template.jinja").unlink(missing_ok=True)

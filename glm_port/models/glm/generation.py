@@ -43,6 +43,8 @@ def generate(model, tokenizer: GLMTokenizer, prompts: list[str], *, max_new_toke
              **generate_kwargs) -> list[dict]:
     """One result per prompt (per returned sequence): ``prompt``, ``text`` (the filled sentence),
     ``generated_ids`` (per blank, sop/eop excluded), ``marked`` (LiBai's form), ``sequence``."""
+    if generate_kwargs.get("stop_strings"):
+        raise ValueError("--stop: GLM's blank filling takes no stop strings (each blank ends at its eop)")
     results = []
     for start in range(0, len(prompts), batch_size):
         for filled in fill_blanks(model, tokenizer, prompts[start:start + batch_size], max_new_tokens=max_new_tokens,

@@ -146,3 +146,81 @@ def test_glm_chat_sampling_flags_reach_generate(monkeypatch, capsys):
     calls.clear()
     chat_main(["--max-new-tokens", "2", "--greedy", "--device", "cpu", "--prompt", "你好"])
     assert calls and all(c.get("do_sample") is False for c in calls), calls
+
+
+def _spy_generate(monkeypatch):
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
+        if kwargs.get("generation_config") is not None:
+            seen.update(kwargs["generation_config"].to_diff_dict())
+        calls.append(seen)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    return calls
+
+
+def test_glm_chat_top_k_repetition_penalty_and_stop_reach_generate(monkeypatch):
+    calls = _spy_generate(monkeypatch)
+    assert chat_main(["--max-new-tokens", "2", "--top-k", "7", "--repetition-penalty", "1.3", "--stop", "STOP",
+                      "--stop", "。", "--seed", "0", "--device", "cpu", "--prompt", "你好"]) in (0, None)
+    assert calls and all(c.get("top_k") == 7 and c.get("repetition_penalty") == 1.3
+                         and c.get("stop_strings") == ["STOP", "。"] and c.get("tokenizer") is not None
+                         for c in calls), calls
+
+
+def _reply(capsys, *flags):
+    capsys.readouterr()
+    assert chat_main(["--max-new-tokens", "24", "--greedy", "--device", "cpu", "--prompt", "hello world",
+                      *flags]) in (0, None)
+    return capsys.readouterr().out.split("ChatGLM：", 1)[1].rstrip("\n")
+
+
+def test_glm_chat_stop_cuts_the_reply_at_it(capsys):
+    import re
+
+    reply = _reply(capsys)
+    stop = re.search(r"(?<=.)[A-Za-z]{3,}", reply)[0]  # a word of the tiny model's greedy reply, past its start
+    assert _reply(capsys, "--stop", stop) == reply[:reply.index(stop)]
+    assert _reply(capsys, "--stop", "never in it", "--stop", stop) == reply[:reply.index(stop)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--top-k", "-1"], "--top-k must be at least 0"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be a number > 0"),
+    (["--repetition-penalty", "nan"], "--repetition-penalty must be a number > 0"),
+    (["--stop", ""], "--stop must be a non-empty text"),
+])
+def test_glm_chat_bad_sampling_flags_are_one_line_exit_2(flags, message, capsys):
+    assert chat_main([*flags, "--prompt", "你好"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_glm_chat_help_shows_the_sampling_flags_defaults(capsys):
+    with pytest.raises(SystemExit):
+        chat_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--top-k" in text and "(default: transformers' 50)" in text
+    assert "--repetition-penalty" in text and "(default 1.0)" in text
+    assert "--stop TEXT" in text and "(repeatable; default: none" in text
+
+
+@pytest.mark.parametrize("chat_format", ["chatglm2", "chatglm3"])
+def test_glm_chat_history_keeps_the_reply_cut_at_the_stop(chat_format, capsys, monkeypatch):
+    """With --no-cache-reuse the next turn re-encodes the history: it holds the reply up to the stop string."""
+    import re
+
+    reply = _reply(capsys, "--chat-format", chat_format)
+    stop = re.search(r"(?<=.)[A-Za-z]{3,}", reply)[0]
+    calls = _spy_generate(monkeypatch)
+    assert chat_main(["--max-new-tokens", "24", "--greedy", "--device", "cpu", "--chat-format", chat_format,
+                      "--no-cache-reuse", "--stop", stop, "--prompt", "hello world", "--prompt", "again"]) in (0, None)
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+
+    second = build_tokenizer(chat_format=chat_format).decode(calls[1]["input_ids"][0], skip_special_tokens=True)
+    assert reply[:reply.index(stop)].strip() in second and stop not in second, second

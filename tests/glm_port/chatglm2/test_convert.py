@@ -153,3 +153,36 @@ def test_a_full_disk_during_a_chatglm2_merge_is_one_line_and_leaves_nothing(tmp_
     assert len(err.splitlines()) == 1, err
     assert f"{tmp_path / 'merged' / 'model.safetensors'}: could not be written (No space left on device" in err, err
     assert not (tmp_path / "merged").exists() and not [p for p in tmp_path.rglob(".*")]
+
+
+def test_an_unreadable_tokenizer_model_is_one_line_before_any_tensor(tmp_path, make_model, write_thudm, capsys,
+                                                                      monkeypatch):
+    from glm_port.models.chatglm2.weights import TensorSource
+
+    write_thudm(make_model(), tmp_path / "src")
+    (tmp_path / "src" / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    read = []
+    monkeypatch.setattr(TensorSource, "__getitem__", lambda self, name: read.append(name))
+    assert convert_main(["--to", "transformers", str(tmp_path / "src"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokenizer.model: not a readable sentencepiece model" in err, err
+    assert not read and not (tmp_path / "hf").exists() and not [p for p in tmp_path.rglob(".*")]
+
+
+def test_a_vocabulary_holding_a_specials_name_is_refused_before_any_tensor(tmp_path, make_model, write_thudm,
+                                                                          capsys):
+    """A sentencepiece model with a piece named [gMASK]: the fast tokenizer could not give THUDM's ids."""
+    import sentencepiece as spm
+
+    from glm_port.models.chatglm2.tiny import corpus_lines
+
+    write_thudm(make_model(), tmp_path / "src")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines(100)), model_prefix=str(tmp_path / "sp"), vocab_size=600,
+        model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        hard_vocab_limit=False, user_defined_symbols=["[gMASK]"])
+    (tmp_path / "src" / "tokenizer.model").write_bytes((tmp_path / "sp.model").read_bytes())
+    assert convert_main(["--to", "transformers", str(tmp_path / "src"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the specials would not get THUDM's ids" in err, err
+    assert not (tmp_path / "hf").exists()

@@ -97,3 +97,61 @@ def test_pipeline_parallel_is_refused_before_anything_starts_or_loads(model_dir,
     assert exc.value.code == 2 and calls == [] and len(err) == 1
     assert err[0] == ("glm-generate: error: --pipeline-parallel-size 2: the chatglm2 family does not support "
                       "pipeline parallelism (layers split into stages)")
+
+
+def test_glm_generate_repetition_penalty_top_k_and_stop_reach_generate(model_dir, monkeypatch):
+    from transformers import GenerationMixin
+
+    calls, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    args = ["--model", str(model_dir), "--max-new-tokens", "3", "--do-sample", "--top-k", "5", "--seed", "0",
+            "--repetition-penalty", "1.25", "--stop", "x", "--stop", "。", "你好"]
+    run(build_parser().parse_args(args), io.StringIO(), io.StringIO())
+    assert calls and all(c.get("top_k") == 5 and c.get("repetition_penalty") == 1.25
+                         and c.get("stop_strings") == ["x", "。"] and c.get("tokenizer") is not None for c in calls)
+
+
+def test_glm_generate_stop_cuts_the_continuation_at_it(model_dir):
+    import re
+
+    def results(*flags):
+        out = io.StringIO()
+        run(build_parser().parse_args(["--model", str(model_dir), "--json", "--max-new-tokens", "24",
+                                       *flags, "hello world", "你好"]), out, io.StringIO())
+        return [json.loads(line) for line in out.getvalue().splitlines()]
+
+    plain = results()
+    first = plain[0]["text"][len("hello world"):]
+    stop = re.search(r"(?<=.)[A-Za-z]{3,}", first)[0]  # a word of the greedy continuation, past its start
+    cut = results("--stop", stop)
+    assert cut[0]["text"] == "hello world" + first[:first.index(stop)]
+    assert len(cut[0]["generated_ids"][0]) < len(plain[0]["generated_ids"][0])
+    second = plain[1]["text"][len("你好"):]  # the other row: cut at the stop only if its text holds it
+    assert cut[1]["text"] == "你好" + (second[:second.index(stop)] if stop in second else second)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--repetition-penalty", "0"], "--repetition-penalty must be a number > 0"),
+    (["--repetition-penalty", "inf"], "--repetition-penalty must be a number > 0"),
+    (["--top-k", "-2"], "--top-k must be at least 0"),
+    (["--stop", ""], "--stop must be a non-empty text"),
+])
+def test_glm_generate_bad_sampling_flags_are_one_line_exit_2(model_dir, flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        generate_main(["--model", str(model_dir), *flags, "你好"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_glm_generate_help_shows_the_sampling_flags_defaults(capsys):
+    with pytest.raises(SystemExit):
+        generate_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--repetition-penalty" in text and "(default: off)" in text
+    assert "--stop TEXT" in text and "default: none)" in text and "--top-k" in text

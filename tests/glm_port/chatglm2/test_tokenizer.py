@@ -64,3 +64,34 @@ def test_real_tokenizer_matches_thudms_ids():
     for text, ids in THUDM_IDS.items():
         assert tok(text)["input_ids"] == ids
         assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"remove_extra_whitespaces": True}, {"user_defined_symbols": ["<tag>", "Mira"]},
+    {"normalization_rule_name": "nmt_nfkc"}, {"add_dummy_prefix": False},
+], ids=["chatglm2", "extra-whitespace", "user-defined", "nfkc", "no-dummy-prefix"])
+def test_the_tokenizers_bpe_encodes_and_decodes_as_sentencepiece(tmp_path, settings):
+    """glm-convert's tokenizer.json (``sentencepiece_to_tokenizers``) follows the sentencepiece model's own
+    settings, so a vocabulary set up otherwise than ChatGLM2's converts right too."""
+    import random
+
+    import sentencepiece as spm
+
+    from glm_port.models.chatglm2.tiny import corpus_lines
+    from glm_port.models.chatglm2.tokenizer import sentencepiece_to_tokenizers
+
+    options = dict(model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+                   hard_vocab_limit=False, split_digits=True, normalization_rule_name="identity",
+                   remove_extra_whitespaces=False, character_coverage=1.0, num_threads=1)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus_lines()), model_prefix=str(tmp_path / "sp"),
+                                   vocab_size=1000, **{**options, **settings})
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    backend, vocab = sentencepiece_to_tokenizers(tmp_path / "sp.model")
+    assert vocab == {sp.id_to_piece(i): i for i in range(sp.vocab_size())}
+    rng = random.Random(0)
+    chars = list("abcdefghij klmn  \n\t你好世界，。？的是0123456789éü😀ABC") + ["the ", "  ", "问：", "<tag>", "Mira"]
+    for text in ["", " ", "  two  spaces  ", "\n", "Mira met <tag> x"] + [
+            "".join(rng.choice(chars) for _ in range(rng.randint(1, 40))) for _ in range(400)]:
+        ids = sp.encode(text)
+        assert backend.encode(text, add_special_tokens=False).ids == ids, repr(text)
+        assert backend.decode(ids) == sp.decode(ids), repr(text)
