@@ -173,7 +173,7 @@ def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, token
         raise ConvertError("--tokenizer_type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
                            "(--tokenizer_path)")
     tokenizer = tokenizer_for(source, open_weights(source), tokenizer_path)
-    model = load_pretrained(source, dtype=torch.float32)  # fold in fp32
+    model = load_pretrained(source, dtype=torch.float32, quantized=False)  # fold in fp32
     if tokenizer.vocab_size > model.config.padded_vocab_size:
         raise ConvertError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({model.config.padded_vocab_size}): name its own with --tokenizer_path")

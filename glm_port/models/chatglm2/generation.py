@@ -16,11 +16,14 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
 
     if tokenizer_type is not None:
         raise ValueError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model")
-    config = check_directory(path)
+    config = check_directory(path, quantized=True)
     tokenizer = ChatGLM2Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                          f"padded_vocab_size ({config.padded_vocab_size})")
+    if tensor_parallel is not None and config.quantization_bit:
+        raise ValueError(f"{path}: a quantization_bit={config.quantization_bit} checkpoint is not split by tensor "
+                         f"parallelism")
     if tensor_parallel is None:
         return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
     return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer
