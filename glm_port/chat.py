@@ -203,6 +203,10 @@ def _main(argv=None) -> int:
     if args.seed is not None:
         torch.manual_seed(args.seed)
     try:
+        if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
+            from glm_port.models.chatglm2.generation import check_quantize
+
+            check_quantize(args.model, args.quantize, args.quantize_group_size)
         model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
@@ -217,7 +221,7 @@ def _main(argv=None) -> int:
         try:
             FAMILIES["chatglm2"].quantize(model, args.quantize, args.quantize_group_size)
         except ValueError as exc:
-            print(f"glm-chat: error: --quantize-group-size: {exc}", file=sys.stderr)
+            print(f"glm-chat: error: {exc}", file=sys.stderr)
             return 2
     elif not args.no_pack and model.device.type == "cpu":
         from shim.nn import pack_linears

@@ -247,6 +247,8 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
         raise UsageError(f"the {family.name} family has no generation")
     check_features(family, args)  # before any process group starts or any weight is read
     backend = importlib.import_module(family.generation)
+    if args.quantize and hasattr(backend, "check_quantize"):  # a group size that does not divide a row
+        backend.check_quantize(args.model, args.quantize, args.quantize_group_size)
     parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
                                                   args.pipeline_num_layers, device=args.device)
     try:

@@ -170,7 +170,7 @@ def _group_for(in_features: int) -> int:
     return next(g for g in (128, 64, 32) if in_features % g == 0)
 
 
-def _quantize_thudm(model, config, source, dtype) -> None:
+def _quantize_thudm(model, config, source, dtype, device) -> None:
     """``config.quantization_bit``: the layers' four linears as THUDM's ``QuantizedLinear``s, built by
     ``shim.nn.quantized.from_thudm``: from the checkpoint's int8 tensors and ``weight_scale`` when it holds
     them (THUDM's published int4/int8 checkpoints, read as they are), else quantized now by THUDM's recipe
@@ -187,7 +187,8 @@ def _quantize_thudm(model, config, source, dtype) -> None:
             bias = linear.bias.detach() if linear.bias is not None else None
             try:
                 if source is not None and f"{prefix}.weight_scale" in source:
-                    weight, scale = source[f"{prefix}.weight"], source[f"{prefix}.weight_scale"]
+                    weight = source[f"{prefix}.weight"].to(device)
+                    scale = source[f"{prefix}.weight_scale"].to(device)
                     if weight.dtype != torch.int8:
                         raise ValueError(f"{prefix}.weight is {weight.dtype}, not the int8 of a "
                                          f"quantization_bit={bits} checkpoint")
@@ -197,7 +198,7 @@ def _quantize_thudm(model, config, source, dtype) -> None:
                                      group_size=_group_for(linear.in_features), dtype=dtype)
             except ValueError as error:
                 raise WeightsError(f"{prefix}: {str(error).splitlines()[0]}") from None
-            setattr(parent, child_name, layer_q.to(linear.weight.device).pack())
+            setattr(parent, child_name, layer_q.pack())
 
 
 def _load_thudm_quantized(directory, config, dtype, device):
@@ -222,7 +223,7 @@ def _load_thudm_quantized(directory, config, dtype, device):
             tensor = source[name]
             state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
     model.load_state_dict(state, strict=False, assign=True)  # the biases of the quantized layers included
-    _quantize_thudm(model, config, source, dtype)
+    _quantize_thudm(model, config, source, dtype, device)
     left = [name for name, p in model.named_parameters() if p.is_meta]
     if left:
         raise WeightsError(f"{directory}: weight {left[0]} missing from the checkpoint")
@@ -261,7 +262,7 @@ def _load_pretrained(directory, dtype, device, quantized):
         model.load_state_dict(state, strict=True, assign=True)
         model = model.to(device=device).eval()
         if shards.config.quantization_bit:
-            _quantize_thudm(model, shards.config, None, dtype)
+            _quantize_thudm(model, shards.config, None, dtype, device)
         return model
     config = check_directory(directory, quantized=quantized)
     if config.quantization_bit:
@@ -275,7 +276,7 @@ def _load_pretrained(directory, dtype, device, quantized):
     if missing:
         raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint")
     if config.quantization_bit:  # a full-precision directory: quantized at load, as THUDM's code does
-        _quantize_thudm(model, config, None, dtype)
+        _quantize_thudm(model, config, None, dtype, device)
     return model.eval()
 
 
