@@ -221,3 +221,13 @@ def test_quantization_bit_out_of_range_is_one_line(tmp_path, write_thudm):
     (directory / "config.json").write_text(json.dumps({**config, "quantization_bit": 3}))
     with pytest.raises(WeightsError, match="quantization_bit=3: expected 4 or 8"):
         load_pretrained(directory)
+
+
+@pytest.mark.parametrize("argv", [["--quantize", "int8"], ["--quantize=int4"]])
+def test_finetune_refuses_quantize(argv, capsys):
+    from glm_port.finetune.arguments import parse_args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--model_name_or_path", "chatglm2-tiny", *argv])
+    assert stop.value.code == 2
+    assert "error: --quantize is not supported: quantized layers are for inference" in capsys.readouterr().err
