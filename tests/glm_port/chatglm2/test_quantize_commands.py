@@ -231,3 +231,44 @@ def test_finetune_refuses_quantize(argv, capsys):
         parse_args(["--model_name_or_path", "chatglm2-tiny", *argv])
     assert stop.value.code == 2
     assert "error: --quantize is not supported: quantized layers are for inference" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, bits", [("int8", 8), ("int4", 4)])
+def test_glm_export_quantize_writes_thudms_layout_that_loads_without_requantizing(model_dir, tmp_path, capsys,
+                                                                                 monkeypatch, mode, bits):
+    import shim.nn.quantized as quantized
+    from safetensors.torch import load_file
+
+    from glm_port.convert.export import main as export_main
+
+    export_main(["--model_name_or_path", str(model_dir), "--output_path", str(tmp_path / "out"), "--dtype", "fp16",
+                 "--quantize", mode])
+    capsys.readouterr()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["quantization_bit"] == bits
+    state = load_file(tmp_path / "out" / "model.safetensors")
+    qkv = "transformer.encoder.layers.0.self_attention.query_key_value.weight"
+    assert state[qkv].dtype == torch.int8 and state[f"{qkv}_scale"].dtype == torch.float16
+    assert state["transformer.output_layer.weight"].dtype == torch.float16
+    monkeypatch.setattr(quantized, "quantize_thudm", lambda *a: pytest.fail("re-quantized at load"))
+    loaded = load_pretrained(tmp_path / "out", dtype=torch.float32)
+    kind = Int8Linear if bits == 8 else Int4Linear
+    assert isinstance(loaded.transformer.encoder.layers[1].mlp.dense_4h_to_h, kind)
+    reference = dequantized_reference(load_pretrained(model_dir), state, bits)
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(input_ids=ids()).logits, reference(input_ids=ids()).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_glm_export_quantize_of_a_glm_is_one_line(tmp_path, capsys):
+    from glm_port import GLMConfig, GLMModel
+    from glm_port.checkpoint_io import save_checkpoint
+    from glm_port.convert.export import main as export_main
+
+    config = GLMConfig(vocab_size=256, num_layers=1, hidden_size=64, num_attention_heads=4, max_sequence_length=32)
+    save_checkpoint(tmp_path / "g", 1, GLMModel(config).state_dict(), config=config)
+    with pytest.raises(SystemExit) as stop:
+        export_main(["--model_name_or_path", str(tmp_path / "g"), "--output_path", str(tmp_path / "o"),
+                     "--quantize", "int8"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err and "glm-export writes quantized weights for ChatGLM2 only" in err
+    assert not (tmp_path / "o").exists()
