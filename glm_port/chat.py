@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pack", action="store_true",
                         help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
                              "where that measures faster for one token; docs/generation.md)")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                        help="weight-only quantization of the layers' linears after loading, activations in --dtype "
+                             "(int8: a scale a row; int4: a scale and zero a group of columns); the output layer, "
+                             "embedding and norms stay float, as THUDM's; in place of the CPU repacking (default: "
+                             "off, or what config.json's quantization_bit says; docs/quantization.md)")
+    parser.add_argument("--quantize-group-size", type=int, default=None,
+                        help="with --quantize int4: columns a scale, 32, 64 or 128, dividing every row (default 128)")
     parser.add_argument("--no-cache-reuse", action="store_true",
                         help="prefill the whole conversation (the history re-encoded as text) every turn; default: "
                              "keep the key/value cache across turns and prefill only the new turn's tokens, as "
@@ -100,7 +107,7 @@ def load(model_dir, device="cpu", dtype=None, chat_format=None):
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
     from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
 
-    config = check_directory(model_dir)  # family, shards and weight names before the tokenizer and the weights
+    config = check_directory(model_dir, quantized=True)  # family, shards, weight names before tokenizer and weights
     if chat_format == "chatglm3" and detect_chat_format(model_dir) != "chatglm3":
         # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
         raise WeightsError(f"--chat-format chatglm3: {model_dir}'s tokenizer is ChatGLM2's, which has no "
@@ -190,6 +197,11 @@ def check_options(args) -> str | None:
         return f"--repetition-penalty must be a number > 0 (1: off), got {args.repetition_penalty}"
     if any(not stop for stop in args.stop or []):
         return "--stop must be a non-empty text"
+    from glm_port.models import check_quantize
+
+    problem = check_quantize(args.quantize, args.quantize_group_size)
+    if problem is not None:
+        return problem
     texts = [("--system", args.system)] + [("--stop", stop) for stop in args.stop or []]
     texts += [(f"--prompt {i + 1}", q) for i, q in enumerate(args.prompt or [])]
     for flag, text in texts:
@@ -234,6 +246,10 @@ def _main(argv=None) -> int:
     if args.seed is not None:
         torch.manual_seed(args.seed)
     try:
+        if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
+            from glm_port.models.chatglm2.generation import check_quantize
+
+            check_quantize(args.model, args.quantize, args.quantize_group_size)
         model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
@@ -242,7 +258,15 @@ def _main(argv=None) -> int:
         print("glm-chat: error: --system needs ChatGLM3's chat format (this model's is chatglm2; see --chat-format)",
               file=sys.stderr)
         return 2
-    if not args.no_pack and model.device.type == "cpu":
+    if args.quantize:  # in place of the CPU repacking
+        from glm_port.models import FAMILIES
+
+        try:
+            FAMILIES["chatglm2"].quantize(model, args.quantize, args.quantize_group_size)
+        except ValueError as exc:
+            print(f"glm-chat: error: {exc}", file=sys.stderr)
+            return 2
+    elif not args.no_pack and model.device.type == "cpu":
         from shim.nn import pack_linears
 
         pack_linears(model, batch_size=1)

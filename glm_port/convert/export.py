@@ -20,6 +20,7 @@ and ``--torch_export`` are refused for it in one line before anything is read.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def fold_adapter(glm, path: Path):
 
 def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "float32", onnx: bool = False,
            torch_export: bool = False, tokenizer_type=None, tokenizer_path=None, overwrite: bool = False,
-           allow_base_mismatch: bool = False, log=print) -> dict:
+           allow_base_mismatch: bool = False, quantize: str | None = None, log=print) -> dict:
     from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     source, out = Path(model_name_or_path).expanduser(), Path(output_path).expanduser()
@@ -107,10 +108,14 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
         raise ConvertError(f"--onnx needs {' and '.join(missing)}, not installed here: {ONNX_INSTALL}")
     if lora is not None:
         check_adapter(lora)  # before the model loads
+    family.require((quantize and f"--quantize {quantize}", "quantize"))
+    if quantize is not None and family.name != "chatglm2":
+        raise ConvertError(f"--quantize {quantize}: glm-export writes quantized weights for ChatGLM2 only (THUDM's "
+                           f"layout); quantize a GLM at load with glm-generate --quantize")
     if family.name == "chatglm2":
         return export_chatglm2(source, out, lora, target, tokenizer_type=tokenizer_type,
                                tokenizer_path=tokenizer_path, overwrite=overwrite,
-                               allow_base_mismatch=allow_base_mismatch)
+                               allow_base_mismatch=allow_base_mismatch, quantize=quantize)
     model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
     tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
@@ -163,9 +168,12 @@ def fold_checked(model, source: Path, lora: Path, allow_base_mismatch: bool):
 
 
 def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, tokenizer_type=None, tokenizer_path=None,
-                    overwrite: bool = False, allow_base_mismatch: bool = False) -> dict:
+                    overwrite: bool = False, allow_base_mismatch: bool = False, quantize: str | None = None) -> dict:
     """A ChatGLM2 (THUDM directory or glm-finetune's shards) with ``lora`` folded in, in ``target`` dtype, written
-    in THUDM's layout by the family's writer (``chatglm2.convert.save_checkpoint``, what glm-merge writes)."""
+    in THUDM's layout by the family's writer (``chatglm2.convert.save_checkpoint``, what glm-merge writes).
+    ``quantize`` ("int8", "int4"): the layers' four linears written as THUDM's ``quantization.py`` does
+    (``quantize_thudm``: int8 or packed int4, a ``weight_scale`` a row in ``target``), ``quantization_bit``
+    in config.json: the directory loads quantized as it is (``load_pretrained``), by THUDM's code too."""
     from glm_port.models.chatglm2.convert import save_checkpoint, tokenizer_for
     from glm_port.models.chatglm2.weights import load_pretrained, open_weights
 
@@ -173,14 +181,26 @@ def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, token
         raise ConvertError("--tokenizer_type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
                            "(--tokenizer_path)")
     tokenizer = tokenizer_for(source, open_weights(source), tokenizer_path)
-    model = load_pretrained(source, dtype=torch.float32)  # fold in fp32
+    model = load_pretrained(source, dtype=torch.float32, quantized=False)  # fold in fp32
     if tokenizer.vocab_size > model.config.padded_vocab_size:
         raise ConvertError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({model.config.padded_vocab_size}): name its own with --tokenizer_path")
     if lora is not None:
         model = fold_checked(model, source, lora, allow_base_mismatch)
     state = {k: v.detach().to(target) if v.is_floating_point() else v.detach() for k, v in model.state_dict().items()}
-    written = save_checkpoint(state, model.config, tokenizer, out, overwrite=overwrite,
+    config = model.config
+    if quantize is not None:
+        from glm_port.models import QUANTIZE_BITS
+        from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
+        from shim.nn.quantized import quantize_thudm
+
+        config = copy.deepcopy(config)
+        config.quantization_bit = QUANTIZE_BITS[quantize]
+        for index in range(config.num_layers):
+            for path in QUANTIZED_LINEARS:
+                name = f"transformer.encoder.layers.{index}.{path}.weight"
+                state[name], state[f"{name}_scale"] = quantize_thudm(state[name], config.quantization_bit)
+    written = save_checkpoint(state, config, tokenizer, out, overwrite=overwrite,
                               inputs=[("--model_name_or_path", source), ("--lora_path", lora),
                                       ("--tokenizer_path", tokenizer_path)])
     return {"output": written["output"], "dtype": written["dtype"], "lora": str(lora) if lora else None,
@@ -211,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "glm-pretrain's built-in)")
     parser.add_argument("--tokenizer_path", default=None,
                         help="vocabulary file or directory to copy (default: the files beside the model)")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                        help="ChatGLM2: write the layers' linears quantized in THUDM's layout (int8, or int4 packed "
+                        "two a byte; a scale a row; quantization_bit in config.json), which loads quantized as it "
+                        "is; output layer, embedding and norms in --dtype (default: none)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --output_path if it exists (default: refuse a non-empty one)")
     parser.add_argument("--allow_base_mismatch", "--allow-base-mismatch", action="store_true",
@@ -225,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         report = export(args.model_name_or_path, args.output_path, lora_path=args.lora_path, dtype=args.dtype,
                         onnx=args.onnx, torch_export=args.torch_export, tokenizer_type=args.tokenizer_type,
                         tokenizer_path=args.tokenizer_path, overwrite=args.overwrite,
-                        allow_base_mismatch=args.allow_base_mismatch)
+                        allow_base_mismatch=args.allow_base_mismatch, quantize=args.quantize)
     except (ConvertError, WeightsError, OSError, ValueError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)

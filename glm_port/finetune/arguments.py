@@ -15,6 +15,7 @@ REFUSED = {
     "--prefix_tuning": "prefix tuning is not implemented; use --lora",
     "--ptq": "post-training quantization is not implemented",
     "--qat": "quantization-aware training is not implemented",
+    "--quantize": "quantized layers are for inference (no gradient); finetune in float, then glm-chat/glm-generate --quantize",
     "--use_flash_attention": "attention already goes through torch's SDPA kernels where they apply",
 }
 

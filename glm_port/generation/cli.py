@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-pack", action="store_true",
                      help="on CPU, keep the linear weights as loaded (default: repack each weight shape into "
                           "oneDNN's layout where that measures faster for a decode step; docs/generation.md)")
+    run.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                     help="weight-only quantization of the linear layers after loading, activations in --dtype "
+                          "(int8: a scale a row; int4: a scale and zero a group of columns); ChatGLM2 keeps its "
+                          "output layer in float as THUDM does, embeddings and norms stay float; in place of the "
+                          "CPU repacking (default: off; docs/quantization.md)")
+    run.add_argument("--quantize-group-size", type=int, default=None,
+                     help="with --quantize int4: columns a scale, 32, 64 or 128, dividing every row (default 128)")
     run.add_argument("--tensor-parallel-size", type=int, default=1,
                      help="split every layer over this many ranks, launched with torchrun (default 1)")
     run.add_argument("--pipeline-parallel-size", type=int, default=1,
@@ -172,6 +179,13 @@ def check_search(args) -> None:
             raise UsageError("--stop must be a non-empty text")
         if bad_utf8(stop) is not None:
             raise UsageError(f"--stop: not valid UTF-8 ({bad_utf8(stop)})")
+    from glm_port.models import check_quantize
+
+    problem = check_quantize(args.quantize, args.quantize_group_size)
+    if problem is None and args.quantize and (args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1):
+        problem = f"--quantize {args.quantize}: not with --tensor-parallel-size/--pipeline-parallel-size"
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def generate_kwargs(args) -> dict:
@@ -201,6 +215,7 @@ def check_features(family, args) -> None:
         (args.pipeline_parallel_size > 1 and f"--pipeline-parallel-size {args.pipeline_parallel_size}",
          "pipeline_parallel"),
         (args.static_cache and "--static-cache", "static_cache"),
+        (args.quantize and f"--quantize {args.quantize}", "quantize"),
     )
 
 
@@ -246,6 +261,8 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
         raise UsageError(f"the {family.name} family has no generation")
     check_features(family, args)  # before any process group starts or any weight is read
     backend = importlib.import_module(family.generation)
+    if args.quantize and hasattr(backend, "check_quantize"):  # a group size that does not divide a row
+        backend.check_quantize(args.model, args.quantize, args.quantize_group_size)
     parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
                                                   args.pipeline_num_layers, device=args.device)
     try:
@@ -254,7 +271,9 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
                                         tensor_parallel=parallel.model_parallel())
         parallel.seed(args.seed)
         mine = list(parallel.my_prompts(len(prompts)))
-        if not args.no_pack and model.device.type == "cpu":
+        if args.quantize:  # in place of the CPU repacking; a group size not dividing a row: one line, exit 2
+            family.quantize(model, args.quantize, args.quantize_group_size)
+        elif not args.no_pack and model.device.type == "cpu":
             rows = min(args.batch_size, max(len(mine), 1)) * max(args.num_beams, args.num_return_sequences)
             pack_linears(model, batch_size=rows)
         clock = FirstTokenClock()

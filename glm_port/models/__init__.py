@@ -21,7 +21,12 @@ FEATURES: dict[str, str] = {
     "lora": "LoRA adapters",
     "export": "glm-export",
     "decode_graph": "a decode-step graph (ONNX, torch.export)",
+    "quantize": "weight-only int8/int4 quantization (--quantize)",
 }
+
+# ``--quantize`` values and their bits; ``--quantize-group-size`` choices (int4 only; default 128).
+QUANTIZE_BITS: dict[str, int] = {"int8": 8, "int4": 4}
+QUANTIZE_GROUP_SIZES = (32, 64, 128)
 
 
 class Unsupported(ValueError):
@@ -50,6 +55,8 @@ class Family:
     # Module with ``build_tiny(chat_format=...) -> (model, tokenizer)``: the embedded random-init model the
     # commands use when given no weights; None: the family has none.
     tiny: str | None = None
+    # ``fnmatch`` patterns of linear layers ``--quantize`` keeps in float (THUDM keeps ChatGLM2's output layer).
+    quantize_keep: tuple[str, ...] = ()
 
     def __post_init__(self):
         unknown = set(self.supports) - set(FEATURES)
@@ -77,13 +84,27 @@ class Family:
             raise ValueError(f"the {self.name} family has no {kind} binding")
         return importlib.import_module(module)
 
+    def quantize(self, model, mode: str, group_size: int | None = None) -> int:
+        """Quantize ``model``'s linear layers in place (``shim.nn.quantize_linears``), keeping
+        ``quantize_keep`` in float; ``mode`` "int8" or "int4" (``group_size`` default 128). Returns how many
+        layers; a ValueError (one line) for an unknown mode or a group size that does not divide a row,
+        before any layer is replaced."""
+        from shim.nn import quantize_linears
+
+        if mode not in QUANTIZE_BITS:
+            raise ValueError(f"--quantize {mode}: expected one of {', '.join(QUANTIZE_BITS)}")
+        self.require((f"--quantize {mode}", "quantize"))
+        return quantize_linears(model, QUANTIZE_BITS[mode], group_size=group_size or 128, skip=self.quantize_keep)
+
 
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
                   generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
-                  supports=frozenset(FEATURES)),
+                  supports=frozenset(FEATURES)),  # GLM's output is the tied embedding table: no linear to keep
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
-                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export"}),
+                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export",
+                                           "quantize"}),
+                       quantize_keep=("*output_layer",),
                        generation="glm_port.models.chatglm2.generation",
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
                        tiny="glm_port.models.chatglm2.tiny"),
@@ -108,6 +129,19 @@ def build_tiny(family: str = TINY_FAMILY, **kwargs):
     """``(model, tokenizer)``: a family's embedded random-init model (keyword arguments go to its
     ``build_tiny``, e.g. ``chat_format="chatglm3"``)."""
     return FAMILIES[family].binding("tiny").build_tiny(**kwargs)
+
+
+def check_quantize(mode: str | None, group_size: int | None) -> str | None:
+    """What is wrong with ``--quantize`` / ``--quantize-group-size``, in one line (None: nothing)."""
+    if mode is None:
+        return "--quantize-group-size needs --quantize int4" if group_size is not None else None
+    if mode not in QUANTIZE_BITS:
+        return f"--quantize {mode}: expected one of {', '.join(QUANTIZE_BITS)}"
+    if group_size is not None and mode != "int4":
+        return f"--quantize-group-size applies to --quantize int4, not {mode} (one scale a row)"
+    if group_size is not None and group_size not in QUANTIZE_GROUP_SIZES:
+        return f"--quantize-group-size must be one of {', '.join(map(str, QUANTIZE_GROUP_SIZES))}, got {group_size}"
+    return None
 
 
 def register(family: Family) -> None:

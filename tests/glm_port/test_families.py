@@ -43,5 +43,5 @@ def test_each_registered_family_declares_what_its_commands_honour():
     """The declarations the commands read (docs/architecture.md, 'What a family supports')."""
     assert FAMILIES["glm"].supports == frozenset(FEATURES)
     chatglm2 = FAMILIES["chatglm2"].supports
-    assert {"tensor_parallel", "static_cache", "recompute", "lora", "export"} <= chatglm2
+    assert {"tensor_parallel", "static_cache", "recompute", "lora", "export", "quantize"} <= chatglm2
     assert "pipeline_parallel" not in chatglm2 and "decode_graph" not in chatglm2

@@ -12,7 +12,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # Fields of THUDM's config this port does not implement: value that means "off".
-_UNSUPPORTED = {"pre_seq_len": None, "quantization_bit": 0}
+_UNSUPPORTED = {"pre_seq_len": None}
 
 
 # The keyword transformers names the key/value cache by, in model outputs and generate's model kwargs
@@ -105,12 +105,18 @@ class ChatGLM2Config(PretrainedConfig):
         """Key/value heads: the multi-query groups, or one per query head without multi-query attention."""
         return self.multi_query_group_num if self.multi_query_attention else self.num_attention_heads
 
-    def check_supported(self) -> None:
-        """A one-line error for THUDM options this port does not run (P-tuning prefixes, int4/int8 weights)."""
+    def check_supported(self, quantized: bool = False) -> None:
+        """A one-line error for THUDM options this port does not run (P-tuning prefixes) and values out of range."""
         for name, off in _UNSUPPORTED.items():
             value = getattr(self, name, off)
             if value not in (off, None, 0):
                 raise ValueError(f"ChatGLM2 config sets {name}={value!r}: not supported by glm_port (use {off!r})")
+        if self.quantization_bit and not quantized:  # glm-convert, glm-merge, glm-export, glm-finetune...
+            raise ValueError(f"ChatGLM2 config sets quantization_bit={self.quantization_bit!r}: a quantized checkpoint "
+                             f"is read by glm-chat, glm-generate and load_pretrained only, not here")
+        if self.quantization_bit not in (0, None, 4, 8):
+            raise ValueError(f"ChatGLM2 config sets quantization_bit={self.quantization_bit!r}: expected 4 or 8 "
+                             f"(THUDM's int4/int8), or 0 for none")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"ChatGLM2 config: num_attention_heads ({self.num_attention_heads}) is not a multiple of "

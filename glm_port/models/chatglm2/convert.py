@@ -396,6 +396,15 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
 
     with torch.device("meta"):
         expected = {k: list(v.shape) for k, v in ChatGLM2ForCausalLM(config).state_dict().items()}
+    if config.quantization_bit:  # THUDM's quantized layout: the layers' four linears as int8 + a scale a row
+        from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
+
+        for index in range(config.num_layers):
+            for path in QUANTIZED_LINEARS:
+                name = f"transformer.encoder.layers.{index}.{path}.weight"
+                rows, columns = expected[name]
+                expected[name] = [rows, columns // (2 if config.quantization_bit == 4 else 1)]
+                expected[f"{name}_scale"] = [rows]
     for name, tensor in state.items():
         if expected.get(name) != list(tensor.shape):
             raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this ChatGLM2 architecture "

@@ -9,6 +9,24 @@ from __future__ import annotations
 from glm_port.dtypes import parse_dtype
 
 
+def check_quantize(path, mode, group_size) -> None:
+    """Before any weight is read: a ``WeightsError`` (one line) when ``--quantize int4``'s group size does not divide
+    the row of a linear ``Family.quantize`` would replace (the layers' four; the output layer is kept)."""
+    from glm_port.models.chatglm2.weights import WeightsError, check_directory
+
+    if mode != "int4":
+        return
+    config = check_directory(path, quantized=True)
+    group = group_size or 128
+    rows = {"self_attention.query_key_value": config.hidden_size,
+            "self_attention.dense": config.num_attention_heads * config.kv_channels,
+            "mlp.dense_h_to_4h": config.hidden_size, "mlp.dense_4h_to_h": config.ffn_hidden_size}
+    for name, features in rows.items():
+        if features % group:
+            raise WeightsError(f"--quantize-group-size {group}: int4 group size {group} does not divide the row of "
+                             f"{features} input features of transformer.encoder.layers.*.{name}")
+
+
 def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
     """``(model, tokenizer)`` from a ChatGLM2 directory (``tokenizer_path``: another ``tokenizer.model``)."""
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
@@ -16,11 +34,14 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
 
     if tokenizer_type is not None:
         raise ValueError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model")
-    config = check_directory(path)
+    config = check_directory(path, quantized=True)
     tokenizer = ChatGLM2Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                          f"padded_vocab_size ({config.padded_vocab_size})")
+    if tensor_parallel is not None and config.quantization_bit:
+        raise ValueError(f"{path}: a quantization_bit={config.quantization_bit} checkpoint is not split by tensor "
+                         f"parallelism")
     if tensor_parallel is None:
         return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
     return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer

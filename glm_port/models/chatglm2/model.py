@@ -310,7 +310,7 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
 
     def __init__(self, config: ChatGLM2Config):
         super().__init__(config)
-        config.check_supported()
+        config.check_supported(quantized=True)  # built in float; weights.load_pretrained quantizes
         self.embedding = Embedding(config)
         self.encoder = GLMTransformer(config)
         self.output_layer = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)

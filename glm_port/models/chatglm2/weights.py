@@ -51,8 +51,9 @@ def read_config_json(directory) -> dict:
         raise WeightsError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
 
 
-def read_config(directory, expected=MODEL_TYPES) -> ChatGLM2Config:
-    """The directory's ``ChatGLM2Config``; a one-line error when its ``model_type`` is another family's."""
+def read_config(directory, expected=MODEL_TYPES, quantized: bool = False) -> ChatGLM2Config:
+    """The directory's ``ChatGLM2Config``; a one-line error when its ``model_type`` is another family's, or
+    when it sets ``quantization_bit`` and ``quantized`` is off (the caller needs float weights)."""
     raw = read_config_json(directory)
     model_type = raw.get("model_type")
     if model_type not in expected:
@@ -60,9 +61,9 @@ def read_config(directory, expected=MODEL_TYPES) -> ChatGLM2Config:
             f"{Path(directory) / 'config.json'}: model_type {model_type!r} is not a ChatGLM2-family model "
             f"(expected {' or '.join(map(repr, expected))})"
         )
-    try:  # a field this port does not run (quantization_bit, pre_seq_len...) or a value out of range: one line
+    try:  # a field this port does not run (pre_seq_len...) or a value out of range: one line
         config = ChatGLM2Config.from_pretrained(directory)
-        config.check_supported()
+        config.check_supported(quantized)
     except (ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise WeightsError(f"{Path(directory) / 'config.json'}: {reason}") from None
@@ -135,13 +136,13 @@ class TensorSource:
         return sorted(set(self.map.values()))
 
 
-def check_directory(directory) -> ChatGLM2Config:
+def check_directory(directory, quantized: bool = False) -> ChatGLM2Config:
     """Everything checkable without reading weights: family, config, shards present, no key missing (for a
     tensor-parallel checkpoint: every rank's file, its names and its parts' shapes, ``ShardSource``)."""
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None:
         return shards.config
-    config = read_config(directory)
+    config = read_config(directory, quantized=quantized)
     present = set(weight_map(directory))
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
@@ -159,12 +160,97 @@ def default_dtype(device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-def load_pretrained(directory, dtype=None, device="cpu"):
-    """``ChatGLM2ForCausalLM`` from a ChatGLM2 directory, shard by shard to ``dtype`` on ``device``, eval mode;
-    or from a tensor-parallel checkpoint (``mp_rank_XX`` files, merged by ``tensor_parallel_merge``)."""
+# THUDM's ``ChatGLMModel.quantize``: the four linears of every layer; embedding and output layer stay float.
+QUANTIZED_LINEARS = ("self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
+                     "mlp.dense_4h_to_h")
+
+
+def _group_for(in_features: int) -> int:
+    """An int4 group size dividing the row (THUDM's one scale a row is repeated over the groups: any does)."""
+    return next(g for g in (128, 64, 32) if in_features % g == 0)
+
+
+def _quantize_thudm(model, config, source, dtype, device) -> None:
+    """``config.quantization_bit``: the layers' four linears as THUDM's ``QuantizedLinear``s, built by
+    ``shim.nn.quantized.from_thudm``: from the checkpoint's int8 tensors and ``weight_scale`` when it holds
+    them (THUDM's published int4/int8 checkpoints, read as they are), else quantized now by THUDM's recipe
+    (``quantize_thudm``) from the float weights already loaded into ``model``."""
+    from shim.nn.quantized import from_thudm, quantize_thudm
+
+    bits = config.quantization_bit
+    for index, layer in enumerate(model.transformer.encoder.layers):
+        for path in QUANTIZED_LINEARS:
+            parent_name, child_name = path.split(".")
+            parent = getattr(layer, parent_name)
+            linear = getattr(parent, child_name)
+            prefix = f"transformer.encoder.layers.{index}.{path}"
+            bias = linear.bias.detach() if linear.bias is not None else None
+            try:
+                if source is not None and f"{prefix}.weight_scale" in source:
+                    weight = source[f"{prefix}.weight"].to(device)
+                    scale = source[f"{prefix}.weight_scale"].to(device)
+                    if weight.dtype != torch.int8:
+                        raise ValueError(f"{prefix}.weight is {weight.dtype}, not the int8 of a "
+                                         f"quantization_bit={bits} checkpoint")
+                else:
+                    weight, scale = quantize_thudm(linear.weight.detach().float(), bits)
+                layer_q = from_thudm(weight, scale, bits, bias, in_features=linear.in_features,
+                                     group_size=_group_for(linear.in_features), dtype=dtype)
+            except ValueError as error:
+                raise WeightsError(f"{prefix}: {str(error).splitlines()[0]}") from None
+            setattr(parent, child_name, layer_q.pack())
+
+
+def _load_thudm_quantized(directory, config, dtype, device):
+    """A directory whose layers' linears are stored quantized (``weight`` int8 and ``weight_scale``): the
+    model built on the meta device, the quantized layers built from their tensors, the rest assigned."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
+    source = TensorSource(directory)
+    with torch.device("meta"):
+        model = ChatGLM2ForCausalLM(config)
+    for index in range(config.num_layers):  # every layer quantized, or the checkpoint is refused
+        for path in QUANTIZED_LINEARS:
+            key = f"transformer.encoder.layers.{index}.{path}.weight_scale"
+            if key not in source:
+                raise WeightsError(f"{directory}: {key} missing from a quantization_bit={config.quantization_bit} "
+                                   f"checkpoint")
+    quantized = {f"transformer.encoder.layers.{i}.{p}.weight" for i in range(config.num_layers)
+                 for p in QUANTIZED_LINEARS}
+    state = {}
+    for name in model.state_dict():
+        if name not in quantized:
+            tensor = source[name]
+            state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
+    model.load_state_dict(state, strict=False, assign=True)  # the biases of the quantized layers included
+    _quantize_thudm(model, config, source, dtype, device)
+    left = [name for name, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise WeightsError(f"{directory}: weight {left[0]} missing from the checkpoint")
+    return model.to(device=device).eval()
+
+
+def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = True):
+    """``ChatGLM2ForCausalLM`` from a ChatGLM2 directory, shard by shard to ``dtype`` on ``device``, eval mode;
+    or from a tensor-parallel checkpoint (``mp_rank_XX`` files, merged by ``tensor_parallel_merge``).
+
+    ``config.json``'s ``quantization_bit`` (4 or 8), as THUDM's code reads it: the layers' linears stored
+    quantized (int8 ``weight``, per-row ``weight_scale``) are read as they are; stored in float, they are
+    quantized now by THUDM's recipe. ``quantize`` ("int8" or "int4", ``group_size`` default 128): the
+    linears quantized after loading (``Family.quantize``: the output layer kept in float). ``quantized``
+    False: a ``quantization_bit`` directory is refused (one line), for callers that need float weights."""
+    from glm_port.models import FAMILIES
+
     dtype = dtype or default_dtype(device)
+    model = _load_pretrained(directory, dtype, device, quantized)
+    if quantize is not None:
+        FAMILIES["chatglm2"].quantize(model, quantize, group_size)
+    return model
+
+
+def _load_pretrained(directory, dtype, device, quantized):
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None:  # merged tensor by tensor into a model built on the meta device
         with torch.device("meta"):
@@ -174,14 +260,23 @@ def load_pretrained(directory, dtype=None, device="cpu"):
             tensor = shards[name]
             state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
         model.load_state_dict(state, strict=True, assign=True)
-        return model.to(device=device).eval()
-    config = check_directory(directory)
+        model = model.to(device=device).eval()
+        if shards.config.quantization_bit:
+            _quantize_thudm(model, shards.config, None, dtype, device)
+        return model
+    config = check_directory(directory, quantized=quantized)
+    if config.quantization_bit:
+        source = TensorSource(directory)
+        if any(key.endswith(".weight_scale") for key in source.keys()):
+            return _load_thudm_quantized(directory, config, dtype, device)
     model, info = ChatGLM2ForCausalLM.from_pretrained(
         directory, config=config, dtype=dtype, device_map=str(torch.device(device)), output_loading_info=True
     )
     missing = sorted(info.get("missing_keys", ()))
     if missing:
         raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint")
+    if config.quantization_bit:  # a full-precision directory: quantized at load, as THUDM's code does
+        _quantize_thudm(model, config, None, dtype, device)
     return model.eval()
 
 

@@ -57,19 +57,30 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
 
     # ---- loading ----------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path, *, dtype=None, device=None, tensor_parallel=None, **overrides):
+    def from_pretrained(cls, path, *, dtype=None, device=None, tensor_parallel=None, quantize=None,
+                        quantize_group_size=None, **overrides):
         """Load any GLM weights ``path`` holds (see ``glm_port.models.glm.weights``): a Hugging Face GLM
         directory, upstream ``mp_rank_XX_model_states.pt`` files at any model-parallel size, or a
-        ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard."""
+        ``glm-pretrain --save`` directory. Weights go to ``device`` in ``dtype`` shard by shard.
+        ``quantize`` ("int8" or "int4", ``quantize_group_size`` default 128): the linear layers quantized
+        after loading (``Family.quantize``; the output is the tied embedding table and stays float)."""
+        from glm_port.models import FAMILIES, check_quantize
         from glm_port.models.glm import weights
+
+        problem = check_quantize(quantize, quantize_group_size)
+        if problem is not None:
+            raise ValueError(problem)
 
         dtype = overrides.pop("torch_dtype", dtype)  # transformers' older spelling
         unknown = [k for k in overrides if not hasattr(GLMPretrainedConfig(), k)]
         if unknown:
             raise TypeError(f"from_pretrained got unexpected arguments: {', '.join(unknown)} (config fields and "
                             f"dtype, device, tensor_parallel are accepted)")
-        return weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
-                                  **overrides)
+        model = weights.load_model(cls, path, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
+                                   **overrides)
+        if quantize is not None:
+            FAMILIES["glm"].quantize(model, quantize, quantize_group_size)
+        return model
 
     # ---- the forward ------------------------------------------------------------------------------
     def forward(self, input_ids, position_ids=None, attention_mask=None, cache: Cache | None = None,

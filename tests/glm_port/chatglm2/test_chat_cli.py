@@ -68,7 +68,7 @@ def test_chatglm3_format_on_a_chatglm2_tokenizer_is_refused(tmp_path, capsys, ma
                           "has no <|system|>/<|user|>") and "\n" not in err, err
 
 
-@pytest.mark.parametrize("field, value", [("quantization_bit", 4), ("pre_seq_len", 128)])
+@pytest.mark.parametrize("field, value", [("pre_seq_len", 128)])
 def test_unsupported_config_is_one_line_in_every_loader(tmp_path, capsys, make_model, write_thudm, field, value):
     from glm_port.convert import merge, native
     from glm_port.generation import cli as generate
@@ -88,6 +88,34 @@ def test_unsupported_config_is_one_line_in_every_loader(tmp_path, capsys, make_m
         assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 4 and all(expected in line for line in lines), lines
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "m").exists()
+
+
+def test_quantization_bit_loads_in_chat_and_generate_and_is_refused_by_the_converters(tmp_path, capsys, make_model,
+                                                                                      write_thudm):
+    """THUDM's ``quantization_bit`` (issue 31): glm-chat and glm-generate quantize at load; glm-convert and
+    glm-merge, which need float weights, refuse it in one line and write nothing."""
+    from glm_port.convert import merge, native
+    from glm_port.generation import cli as generate
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+
+    model_dir = write_thudm(make_model(padded_vocab_size=1024), tmp_path / "q", shards=1)
+    build_tokenizer(str(model_dir))
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "quantization_bit": 8}))
+    assert glm_chat.main(["--model", str(model_dir), "--greedy", "--max-new-tokens", "2", "--prompt", "hi"]) == 0
+    out = io.StringIO()
+    generate.run(generate.build_parser().parse_args(["--model", str(model_dir), "--max-new-tokens", "2", "hi"]),
+                 out=out, err=io.StringIO())
+    assert out.getvalue().strip()
+    capsys.readouterr()
+    assert native.main(["--to", "transformers", str(model_dir), str(tmp_path / "hf")]) == 2
+    with pytest.raises(SystemExit) as stop:
+        merge.main([str(model_dir), str(tmp_path / "m")])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    expected = "ChatGLM2 config sets quantization_bit=8: a quantized checkpoint is read by glm-chat, glm-generate"
+    assert len(lines) == 2 and all(expected in line for line in lines), lines
     assert not (tmp_path / "hf").exists() and not (tmp_path / "m").exists()
 
 
