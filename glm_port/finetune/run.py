@@ -12,6 +12,7 @@ The training loop, optimizer, schedule, precision and checkpoints are glm-pretra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -80,6 +81,9 @@ class Session:
     output_dir: Path
     source: Path | None  # the directory the weights came from (None: embedded)
     tokenizer_source: Path | None = None  # where the tokenizer's files are (--tokenizer_name_or_path, or source)
+    # The dtype the checkpoint held (what the finetuned model is saved in) when a full finetune keeps fp32
+    # master weights (``master_weights``); None: the weights are saved as they are held.
+    save_dtype: torch.dtype | None = None
 
 
 # ---- model -------------------------------------------------------------------------------------------
@@ -315,10 +319,63 @@ def setup(args) -> Session:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    model = apply_lora(args, base) if args.lora or args.lora_path else base
+    full = not (args.lora or args.lora_path)
+    save_dtype = (checkpoint_dtype(source) or master_weights(base)) if full and args.do_train else None
+    if save_dtype is not None:
+        master_weights(base)
+    model = base if full else apply_lora(args, base)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
-                   home)
+                   home, save_dtype)
+
+
+def master_weights(model) -> torch.dtype | None:
+    """A full finetune's weights in fp32 (master weights; AdamW's states follow their dtype), whatever dtype
+    the checkpoint holds: a bf16 / fp16 update smaller than the weight's resolution would round away. The
+    compute runs in --bf16 / --fp16 under autocast (``Precision``). Returns the checkpoint's floating dtype
+    (the final model is saved in it), or None when the weights were fp32 already."""
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if held <= {torch.float32}:
+        return None
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
+    model.float()
+    return dtype
+
+
+def checkpoint_dtype(source: Path | None) -> torch.dtype | None:
+    """The floating dtype a Hugging Face directory's ``config.json`` records (``dtype``, or ``torch_dtype``
+    before transformers 5): what the weights were stored in, whatever dtype the loader gave them here."""
+    if source is None:
+        return None
+    for directory in (source if source.is_dir() else source.parent, source.parent):
+        config = directory / "config.json"
+        if config.is_file():
+            try:
+                recorded = json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            name = recorded.get("dtype") or recorded.get("torch_dtype") if isinstance(recorded, dict) else None
+            return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+    return None
+
+
+@contextlib.contextmanager
+def stored_as(model, dtype: torch.dtype | None):
+    """The model's floating parameters and buffers held in ``dtype`` while it is saved (the fp32 masters
+    put back after); nothing changes when ``dtype`` is None."""
+    if dtype is None:
+        yield model
+        return
+    kept = []
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            kept.append((tensor, tensor.data))
+            tensor.data = tensor.data.to(dtype)
+    try:
+        yield model
+    finally:
+        for tensor, data in kept:
+            tensor.data = data
 
 
 def _fit_lengths(args, binding, model, verbose: bool) -> None:
@@ -429,8 +486,9 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
                 follow_umask(base_dir)
         return
     if env.tp_size > 1:
-        save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
-                        tp_rank=env.tp_rank, writer=env.dp_rank == 0)
+        with stored_as(model, session.save_dtype):  # the checkpoint's dtype, as one process saves it
+            save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
+                            tp_rank=env.tp_rank, writer=env.dp_rank == 0)
         if env.is_main:
             binding.save_tokenizer(session.tokenizer, directory, session.tokenizer_source)
         return
@@ -438,7 +496,8 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
-    binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
+    with stored_as(merged, session.save_dtype):
+        binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
     follow_umask(directory)
 
 
