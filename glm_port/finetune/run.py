@@ -106,7 +106,13 @@ def _family(args):
 def _check_features(args) -> None:
     """What the flags ask for, against what the model's family declares (``Family.supports``): one line for
     anything it lacks, before anything is loaded or written."""
-    _family(args).require(
+    family = _family(args)
+    conversation = (args.history_column and f"--history_column {args.history_column}") or \
+        (args.dataset_layout == "conversations" and "--dataset_layout conversations")
+    if conversation and family.chat is None:  # the prompt is the one the family's chat builds: it needs one
+        raise FinetuneError(f"{conversation}: the {family.name} family has no chat format (conversations are "
+                            f"ChatGLM2's and ChatGLM3's)")
+    family.require(
         (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
          "tensor_parallel"),
         (args.recompute and "--recompute", "recompute"),
@@ -161,18 +167,25 @@ def _trainable_line(model) -> str:
 # ---- data --------------------------------------------------------------------------------------------
 
 
-def _cached_encoding(args, session, path: str) -> list:
+def _read(args, path: str, require_target: bool = True) -> list[Pair]:
+    """The samples of a data file by the layout flags (--dataset_layout, --source_field, --target_field,
+    --history_column)."""
+    return read_pairs(path, args.dataset_layout, args.source_field, args.target_field, require_target=require_target,
+                      history_column=args.history_column)
+
+
+def _cached_encoding(args, session, path: str, pairs: list[Pair] | None = None) -> list:
     """Tokenize a data file once: the encoded samples are kept under ``OUTPUT/cache/`` keyed by the file's
-    bytes, the vocabulary and the layout flags."""
+    bytes, the vocabulary and the layout flags. ``pairs``: the file's samples when already read."""
     key = hashlib.sha256()
     key.update(Path(path).read_bytes())
     for part in (session.binding.__name__, session.binding.fingerprint(session.tokenizer), args.dataset_layout, args.source_field, args.target_field,
-                 args.src_length, args.tgt_length):
+                 args.src_length, args.tgt_length, args.history_column):
         key.update(str(part).encode())
     cache = session.output_dir / "cache" / f"{Path(path).stem}-{key.hexdigest()[:16]}.pt"
     if cache.is_file():
         return torch.load(cache, weights_only=False)
-    pairs = read_pairs(path, args.dataset_layout, args.source_field, args.target_field)
+    pairs = pairs if pairs is not None else _read(args, path)
     samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp-{os.getpid()}")
@@ -515,13 +528,20 @@ def main(argv: list[str] | None = None) -> None:
                   f"(--do_train, --do_predict): {model} (random weights) learns the embedded task (reverse a "
                   f"phrase's words) in {output_dir}/", flush=True)
         _check_inputs(args)
+        # Every data file read (before the model loads) and encoded before anything is written: a bad sample
+        # is one line, nothing made.
+        train_pairs = _read(args, args.train_file) if args.do_train else []
+        eval_pairs = _read(args, args.eval_file) if args.do_eval else []
+        test_pairs = _read(args, args.test_file, require_target=False) if args.do_predict else []
         session = setup(args)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        train_samples = _cached_encoding(args, session, args.train_file) if args.do_train else []
         eval_data = None
         if args.do_eval:
-            pairs = read_pairs(args.eval_file, args.dataset_layout, args.source_field, args.target_field)
-            eval_data = (pairs, session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length))
+            eval_data = (eval_pairs, session.binding.encode(session.tokenizer, eval_pairs, args.src_length,
+                                                            args.tgt_length))
+        test_samples = session.binding.encode(session.tokenizer, test_pairs, args.src_length, args.tgt_length,
+                                              with_targets=False) if args.do_predict else []
+        train_samples = _cached_encoding(args, session, args.train_file, train_pairs) if args.do_train else []
+        output_dir.mkdir(parents=True, exist_ok=True)
     except (FinetuneError, DataError, CheckpointError, OSError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -548,13 +568,9 @@ def main(argv: list[str] | None = None) -> None:
                 _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
                 _write_json(output_dir / "eval_results.json", scores)
         if args.do_predict:
-            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field,
-                               require_target=False)
-            samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length,
-                                             with_targets=False)
-            predictions = generate_targets(session, args, samples)
+            predictions = generate_targets(session, args, test_samples)
             if env.is_main:
-                _write_predictions(output_dir / "test_predictions.jsonl", pairs, predictions)
+                _write_predictions(output_dir / "test_predictions.jsonl", test_pairs, predictions)
         if env.is_main:
             print(f" > results in {output_dir}/", flush=True)
     finally:
