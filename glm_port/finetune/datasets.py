@@ -11,11 +11,11 @@ layout          source                                                 target
 ``adgen``       ``content``                                            ``summary``
 ``belle``       ``instruction`` then ``input`` on a new line           ``output``
 ``plain``       ``--source_field`` (``source``)                        ``--target_field`` (``target``)
-``conversations``  ChatGLM3 ``finetune_demo``'s ``conversations``: a     the last assistant turn's ``content``
-                list of ``{"role", "content"[, "metadata"]}``
-                (roles system/user/assistant/observation; ``tools``
-                on the system turn), kept whole in ``Pair.messages``
 ==============  =====================================================  ==========================================
+
+``conversations`` (ChatGLM3 ``finetune_demo``): the field ``conversations``, a list of ``{"role", "content"
+[, "metadata"]}`` turns (roles system/user/assistant/observation; ``tools`` on the system turn), kept whole in
+``Pair.messages``; ``source`` is the turn before the last assistant turn, ``target`` that turn's content.
 
 ``history_column`` (THUDM ChatGLM2 ``ptuning``'s ``--history_column``): the field holding a list of
 ``[query, response]`` pairs that came before the sample's prompt/response (any layout but conversations),

@@ -665,3 +665,40 @@ def test_a_bf16_run_tracks_fp32_and_saves_the_checkpoints_dtype(tmp_path):
     assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
     assert json.loads((tmp_path / "final" / "config.json").read_text())["dtype"] == "bfloat16"
     assert {p.dtype for p in session.base.parameters()} == {torch.float32}  # the masters put back after saving
+
+
+def test_a_bf16_glm_directory_trains_fp32_masters_and_is_saved_in_bf16(tmp_path):
+    """GLM's from_pretrained gives a bf16 directory's weights in bf16: a full finetune trains fp32 masters of
+    them (AdamW at lr 1e-6 moves every weight of a layer, below bf16's resolution) and writes bf16 again."""
+    from safetensors.torch import load_file
+
+    from glm_port import GLMForConditionalGeneration
+    from glm_port.finetune.arguments import parse_args
+    from glm_port.finetune.run import save_model, setup, train
+    from glm_port.models.glm.finetune import encode
+    from glm_port.finetune.datasets import read_pairs
+
+    base = _glm_directory(tmp_path / "fp32")
+    GLMForConditionalGeneration.from_pretrained(base).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    for name in ("tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt"):
+        if (base / name).is_file():
+            (tmp_path / "bf16" / name).write_bytes((base / name).read_bytes())
+    data = _pairs_file(tmp_path / "t.json")
+    args = parse_args(["--model_name_or_path", str(tmp_path / "bf16"), "--do_train", "--train_file", str(data),
+                       "--bf16", "--learning_rate", "1e-6", "--max_steps", "3", "--max_grad_norm", "0",
+                       "--src_length", "16", "--tgt_length", "8", "--device", "cpu", "--output_dir", str(tmp_path / "out")])
+    session = setup(args)
+    loaded = {k: v.clone() for k, v in load_file(tmp_path / "bf16" / "model.safetensors").items()}
+    session.output_dir.mkdir()
+    with contextlib.redirect_stdout(io.StringIO()):
+        train(args, session, session.binding.encode(session.tokenizer, read_pairs(data), 16, 8), None)
+    weights = {k: v.detach() for k, v in session.base.state_dict().items()}
+    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float32}
+    name = next(k for k in weights if k.endswith("dense_h_to_4h.weight"))
+    start = loaded[next(k for k in loaded if k.endswith(name))].float()
+    assert (weights[name] != start).float().mean() > 0.99
+    assert (weights[name].to(torch.bfloat16).float() != start).float().mean() < 0.5
+    save_model(argparse.Namespace(merge_lora=False), session, tmp_path / "final", 3)
+    session.env.close()
+    saved = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
