@@ -333,9 +333,11 @@ def setup(args) -> Session:
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
     full = not (args.lora or args.lora_path)
-    save_dtype = (checkpoint_dtype(source) or master_weights(base)) if full and args.do_train else None
-    if save_dtype is not None:
-        master_weights(base)
+    save_dtype = None
+    if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
+        held = master_weights(base)
+        save_dtype = checkpoint_dtype(source) or held
+        save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full else apply_lora(args, base)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
@@ -368,7 +370,7 @@ def checkpoint_dtype(source: Path | None) -> torch.dtype | None:
             except (OSError, ValueError):
                 return None
             name = recorded.get("dtype") or recorded.get("torch_dtype") if isinstance(recorded, dict) else None
-            return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+            return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(name)
     return None
 
 

@@ -702,3 +702,24 @@ def test_a_bf16_glm_directory_trains_fp32_masters_and_is_saved_in_bf16(tmp_path)
     session.env.close()
     saved = load_file(tmp_path / "final" / "model.safetensors")
     assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
+
+
+def test_an_fp32_checkpoint_loaded_in_bf16_is_saved_in_fp32(tmp_path, monkeypatch):
+    """ChatGLM2's loader gives bf16 on an accelerator whatever the files hold: an fp32 checkpoint is still
+    trained in fp32 and written in fp32, the dtype its config.json records."""
+    from safetensors.torch import load_file
+
+    from glm_port.finetune.run import save_model
+    from glm_port.models.chatglm2 import weights
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "fp32")
+    monkeypatch.setattr(weights, "default_dtype", lambda device: torch.bfloat16)
+    session, _ = _train_in_process(tmp_path, "out", "--model_name_or_path", str(tmp_path / "fp32"), "--bf16",
+                                   "--max_steps", "1")
+    assert {p.dtype for p in session.base.parameters()} == {torch.float32}
+    save_model(argparse.Namespace(merge_lora=False), session, tmp_path / "final", 1)
+    saved = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}
