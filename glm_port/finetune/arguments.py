@@ -76,9 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--test_file", default=None, help="samples to predict with --do_predict (target field optional)")
     flag("--dataset_layout", default="plain", choices=LAYOUTS,
          help="which fields make (source, target): plain (--source_field/--target_field), dureaderqg "
-         "(PaddleNLP's question-generation prompt), adgen (content -> summary), belle (instruction/input -> output)")
-    flag("--source_field", default="source", help="the source field of the plain layout")
-    flag("--target_field", default="target", help="the target field of the plain layout")
+         "(PaddleNLP's question-generation prompt), adgen (content -> summary), belle (instruction/input -> output), "
+         "conversations (ChatGLM3 finetune_demo's 'conversations': system/user/assistant/observation turns, 'tools' "
+         "on the system turn; the loss on every assistant turn; ChatGLM2/ChatGLM3 models)")
+    flag("--source_field", "--prompt_column", default="source",
+         help="the source field of the plain layout (THUDM ptuning's --prompt_column)")
+    flag("--target_field", "--response_column", default="target",
+         help="the target field of the plain layout (THUDM ptuning's --response_column)")
+    flag("--history_column", default=None,
+         help="THUDM ChatGLM2 ptuning's history: the field holding a list of [query, response] pairs before "
+         "each sample, put in the prompt as chat builds it ([Round i] for ChatGLM2; the loss on the last response); "
+         "ChatGLM2/ChatGLM3 models; default: none, one turn")
     flag("--src_length", type=int, default=608, help="tokens of the source, [CLS]/[gMASK]/[eos] included (cut "
          "beyond; lowered to fit the model's positions)")
     flag("--tgt_length", type=int, default=160, help="tokens of the target, sop/eop included (cut beyond, counted; lowered to "

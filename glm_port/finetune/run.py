@@ -12,6 +12,7 @@ The training loop, optimizer, schedule, precision and checkpoints are glm-pretra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -80,6 +81,9 @@ class Session:
     output_dir: Path
     source: Path | None  # the directory the weights came from (None: embedded)
     tokenizer_source: Path | None = None  # where the tokenizer's files are (--tokenizer_name_or_path, or source)
+    # The dtype the checkpoint held (what the finetuned model is saved in) when a full finetune keeps fp32
+    # master weights (``master_weights``); None: the weights are saved as they are held.
+    save_dtype: torch.dtype | None = None
 
 
 # ---- model -------------------------------------------------------------------------------------------
@@ -102,7 +106,13 @@ def _family(args):
 def _check_features(args) -> None:
     """What the flags ask for, against what the model's family declares (``Family.supports``): one line for
     anything it lacks, before anything is loaded or written."""
-    _family(args).require(
+    family = _family(args)
+    conversation = (args.history_column and f"--history_column {args.history_column}") or \
+        (args.dataset_layout == "conversations" and "--dataset_layout conversations")
+    if conversation and family.chat is None:  # the prompt is the one the family's chat builds: it needs one
+        raise FinetuneError(f"{conversation}: the {family.name} family has no chat format (conversations are "
+                            f"ChatGLM2's and ChatGLM3's)")
+    family.require(
         (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
          "tensor_parallel"),
         (args.recompute and "--recompute", "recompute"),
@@ -157,18 +167,25 @@ def _trainable_line(model) -> str:
 # ---- data --------------------------------------------------------------------------------------------
 
 
-def _cached_encoding(args, session, path: str) -> list:
+def _read(args, path: str, require_target: bool = True) -> list[Pair]:
+    """The samples of a data file by the layout flags (--dataset_layout, --source_field, --target_field,
+    --history_column)."""
+    return read_pairs(path, args.dataset_layout, args.source_field, args.target_field, require_target=require_target,
+                      history_column=args.history_column)
+
+
+def _cached_encoding(args, session, path: str, pairs: list[Pair] | None = None) -> list:
     """Tokenize a data file once: the encoded samples are kept under ``OUTPUT/cache/`` keyed by the file's
-    bytes, the vocabulary and the layout flags."""
+    bytes, the vocabulary and the layout flags. ``pairs``: the file's samples when already read."""
     key = hashlib.sha256()
     key.update(Path(path).read_bytes())
     for part in (session.binding.__name__, session.binding.fingerprint(session.tokenizer), args.dataset_layout, args.source_field, args.target_field,
-                 args.src_length, args.tgt_length):
+                 args.src_length, args.tgt_length, args.history_column):
         key.update(str(part).encode())
     cache = session.output_dir / "cache" / f"{Path(path).stem}-{key.hexdigest()[:16]}.pt"
     if cache.is_file():
         return torch.load(cache, weights_only=False)
-    pairs = read_pairs(path, args.dataset_layout, args.source_field, args.target_field)
+    pairs = pairs if pairs is not None else _read(args, path)
     samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp-{os.getpid()}")
@@ -315,10 +332,65 @@ def setup(args) -> Session:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    model = apply_lora(args, base) if args.lora or args.lora_path else base
+    full = not (args.lora or args.lora_path)
+    save_dtype = None
+    if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
+        held = master_weights(base)
+        save_dtype = checkpoint_dtype(source) or held
+        save_dtype = None if save_dtype == torch.float32 else save_dtype
+    model = base if full else apply_lora(args, base)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
-                   home)
+                   home, save_dtype)
+
+
+def master_weights(model) -> torch.dtype | None:
+    """A full finetune's weights in fp32 (master weights; AdamW's states follow their dtype), whatever dtype
+    the checkpoint holds: a bf16 / fp16 update smaller than the weight's resolution would round away. The
+    compute runs in --bf16 / --fp16 under autocast (``Precision``). Returns the checkpoint's floating dtype
+    (the final model is saved in it), or None when the weights were fp32 already."""
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if held <= {torch.float32}:
+        return None
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
+    model.float()
+    return dtype
+
+
+def checkpoint_dtype(source: Path | None) -> torch.dtype | None:
+    """The floating dtype a Hugging Face directory's ``config.json`` records (``dtype``, or ``torch_dtype``
+    before transformers 5): what the weights were stored in, whatever dtype the loader gave them here."""
+    if source is None:
+        return None
+    for directory in (source if source.is_dir() else source.parent, source.parent):
+        config = directory / "config.json"
+        if config.is_file():
+            try:
+                recorded = json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            name = recorded.get("dtype") or recorded.get("torch_dtype") if isinstance(recorded, dict) else None
+            return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(name)
+    return None
+
+
+@contextlib.contextmanager
+def stored_as(model, dtype: torch.dtype | None):
+    """The model's floating parameters and buffers held in ``dtype`` while it is saved (the fp32 masters
+    put back after); nothing changes when ``dtype`` is None."""
+    if dtype is None:
+        yield model
+        return
+    kept = []
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            kept.append((tensor, tensor.data))
+            tensor.data = tensor.data.to(dtype)
+    try:
+        yield model
+    finally:
+        for tensor, data in kept:
+            tensor.data = data
 
 
 def _fit_lengths(args, binding, model, verbose: bool) -> None:
@@ -429,8 +501,9 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
                 follow_umask(base_dir)
         return
     if env.tp_size > 1:
-        save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
-                        tp_rank=env.tp_rank, writer=env.dp_rank == 0)
+        with stored_as(model, session.save_dtype):  # the checkpoint's dtype, as one process saves it
+            save_checkpoint(directory, step, local_state_dict(model), config=session.config, save_rng=False,
+                            tp_rank=env.tp_rank, writer=env.dp_rank == 0)
         if env.is_main:
             binding.save_tokenizer(session.tokenizer, directory, session.tokenizer_source)
         return
@@ -438,7 +511,8 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     merged = model.merge_and_unload() if hasattr(model, "peft_config") else model
-    binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
+    with stored_as(merged, session.save_dtype):
+        binding.save(merged, session.tokenizer, directory, session.tokenizer_source)
     follow_umask(directory)
 
 
@@ -456,13 +530,20 @@ def main(argv: list[str] | None = None) -> None:
                   f"(--do_train, --do_predict): {model} (random weights) learns the embedded task (reverse a "
                   f"phrase's words) in {output_dir}/", flush=True)
         _check_inputs(args)
+        # Every data file read (before the model loads) and encoded before anything is written: a bad sample
+        # is one line, nothing made.
+        train_pairs = _read(args, args.train_file) if args.do_train else []
+        eval_pairs = _read(args, args.eval_file) if args.do_eval else []
+        test_pairs = _read(args, args.test_file, require_target=False) if args.do_predict else []
         session = setup(args)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        train_samples = _cached_encoding(args, session, args.train_file) if args.do_train else []
         eval_data = None
         if args.do_eval:
-            pairs = read_pairs(args.eval_file, args.dataset_layout, args.source_field, args.target_field)
-            eval_data = (pairs, session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length))
+            eval_data = (eval_pairs, session.binding.encode(session.tokenizer, eval_pairs, args.src_length,
+                                                            args.tgt_length))
+        test_samples = session.binding.encode(session.tokenizer, test_pairs, args.src_length, args.tgt_length,
+                                              with_targets=False) if args.do_predict else []
+        train_samples = _cached_encoding(args, session, args.train_file, train_pairs) if args.do_train else []
+        output_dir.mkdir(parents=True, exist_ok=True)
     except (FinetuneError, DataError, CheckpointError, OSError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -489,13 +570,9 @@ def main(argv: list[str] | None = None) -> None:
                 _write_predictions(output_dir / "eval_predictions.jsonl", eval_data[0], predictions)
                 _write_json(output_dir / "eval_results.json", scores)
         if args.do_predict:
-            pairs = read_pairs(args.test_file, args.dataset_layout, args.source_field, args.target_field,
-                               require_target=False)
-            samples = session.binding.encode(session.tokenizer, pairs, args.src_length, args.tgt_length,
-                                             with_targets=False)
-            predictions = generate_targets(session, args, samples)
+            predictions = generate_targets(session, args, test_samples)
             if env.is_main:
-                _write_predictions(output_dir / "test_predictions.jsonl", pairs, predictions)
+                _write_predictions(output_dir / "test_predictions.jsonl", test_pairs, predictions)
         if env.is_main:
             print(f" > results in {output_dir}/", flush=True)
     finally:

@@ -1,5 +1,6 @@
 """glm-finetune end to end on the embedded task: full and LoRA, evaluation, outputs, bad input, TP 2 = 1 process."""
 
+import argparse
 import contextlib
 import io
 import json
@@ -584,3 +585,141 @@ def test_a_chatglm2_directory_without_its_tokenizer_names_the_flag_and_takes_one
     out = _run([*argv, "--tokenizer_name_or_path", str(tmp_path / "tokenizer.model"),
                 "--output_dir", str(tmp_path / "b")], capsys)
     assert sorted(_losses(out)) == [1] and (tmp_path / "b" / "final" / "tokenizer.model").is_file()
+
+
+def _bf16_chatglm2(tmp_path):
+    """The embedded tiny ChatGLM2 saved with its weights in bf16 (as THUDM's checkpoints hold them)."""
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir(exist_ok=True)
+    model, tokenizer = build_tiny(str(tmp_path / "tokenizer"))
+    save(model.to(torch.bfloat16), tokenizer, tmp_path / "bf16")
+    return tmp_path / "bf16"
+
+
+def _train_in_process(tmp_path, name, *extra):
+    """glm-finetune's setup and training in this process: ``(session, log)``, the session's model as trained."""
+    from glm_port.finetune.arguments import parse_args
+    from glm_port.finetune.run import _cached_encoding, setup, train
+    from glm_port.finetune.toy_task import write_toy_task
+
+    train_file = tmp_path / "data" / "train.json"
+    if not train_file.is_file():
+        train_file = write_toy_task(tmp_path / "data")[0]
+    args = parse_args(["--do_train", "--train_file", str(train_file), "--src_length", "12", "--tgt_length", "10",
+                       "--per_device_train_batch_size", "16", "--logging_steps", "1", "--device", "cpu",
+                       "--output_dir", str(tmp_path / name), *extra])
+    session = setup(args)
+    session.output_dir.mkdir(parents=True)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        train(args, session, _cached_encoding(args, session, args.train_file), None)
+    session.env.close()
+    return session, buffer.getvalue()
+
+
+def test_a_bf16_checkpoint_trains_fp32_master_weights_that_take_updates_below_bf16s_resolution(tmp_path,
+                                                                                                  monkeypatch):
+    """A bf16 checkpoint loaded in bf16 (as ChatGLM2's loader does on an accelerator), --bf16, AdamW at lr 1e-6
+    (each step moves a weight by about 1e-6, far below bf16's resolution at the weights' size): the weights are
+    trained in fp32 (master copy) and move; held in bf16 (as before) every update rounded away and the weights
+    stayed as loaded."""
+    from glm_port.models.chatglm2 import weights
+
+    monkeypatch.setattr(weights, "default_dtype", lambda device: torch.bfloat16)
+    base = _bf16_chatglm2(tmp_path)
+    loaded = weights.load_pretrained(base).state_dict()
+    assert loaded["transformer.encoder.layers.0.self_attention.query_key_value.weight"].dtype == torch.bfloat16
+    session, _ = _train_in_process(tmp_path, "out", "--model_name_or_path", str(base), "--bf16",
+                                   "--learning_rate", "1e-6", "--max_steps", "3", "--max_grad_norm", "0")
+    weights = dict(session.base.named_parameters())
+    assert {p.dtype for p in weights.values()} == {torch.float32}
+    name = "transformer.encoder.layers.0.self_attention.query_key_value.weight"
+    master, start = weights[name].detach(), loaded[name].float()
+    assert (master != start).float().mean() > 0.99  # the master weights took (nearly) every update,
+    # most of which are below bf16's step: held in bf16, those weights would not have moved at all
+    assert (master.to(torch.bfloat16).float() != start).float().mean() < 0.5
+    moved = (master - start).abs().max().item()
+    assert 1e-7 < moved < 1e-4
+
+
+def test_a_bf16_run_tracks_fp32_and_saves_the_checkpoints_dtype(tmp_path):
+    """The same finetune from the bf16 checkpoint with --bf16 and in fp32 (the weights cast to fp32 first): the
+    losses agree within bf16's tolerance; the bf16 run's final model is written in bf16, as it was read."""
+    from safetensors.torch import load_file
+
+    from glm_port.finetune.run import save_model
+
+    base = _bf16_chatglm2(tmp_path)
+    steps = ["--model_name_or_path", str(base), "--learning_rate", "2e-3", "--max_steps", "5"]
+    session, half = _train_in_process(tmp_path, "run_bf16", *steps, "--bf16")
+    _, full = _train_in_process(tmp_path, "run_fp32", *steps)
+    half, full = _losses(half), _losses(full)
+    assert sorted(half) == sorted(full) == [1, 2, 3, 4, 5]
+    assert full[5] < full[1] and half[5] < half[1]
+    for step in full:
+        assert half[step] == pytest.approx(full[step], rel=2e-2), (step, half, full)
+    save_model(argparse.Namespace(merge_lora=False), session, tmp_path / "final", 5)
+    saved = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert {p.dtype for p in session.base.parameters()} == {torch.float32}  # the masters put back after saving
+
+
+def test_a_bf16_glm_directory_trains_fp32_masters_and_is_saved_in_bf16(tmp_path):
+    """GLM's from_pretrained gives a bf16 directory's weights in bf16: a full finetune trains fp32 masters of
+    them (AdamW at lr 1e-6 moves every weight of a layer, below bf16's resolution) and writes bf16 again."""
+    from safetensors.torch import load_file
+
+    from glm_port import GLMForConditionalGeneration
+    from glm_port.finetune.arguments import parse_args
+    from glm_port.finetune.run import save_model, setup, train
+    from glm_port.models.glm.finetune import encode
+    from glm_port.finetune.datasets import read_pairs
+
+    base = _glm_directory(tmp_path / "fp32")
+    GLMForConditionalGeneration.from_pretrained(base).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    for name in ("tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt"):
+        if (base / name).is_file():
+            (tmp_path / "bf16" / name).write_bytes((base / name).read_bytes())
+    data = _pairs_file(tmp_path / "t.json")
+    args = parse_args(["--model_name_or_path", str(tmp_path / "bf16"), "--do_train", "--train_file", str(data),
+                       "--bf16", "--learning_rate", "1e-6", "--max_steps", "3", "--max_grad_norm", "0",
+                       "--src_length", "16", "--tgt_length", "8", "--device", "cpu", "--output_dir", str(tmp_path / "out")])
+    session = setup(args)
+    loaded = {k: v.clone() for k, v in load_file(tmp_path / "bf16" / "model.safetensors").items()}
+    session.output_dir.mkdir()
+    with contextlib.redirect_stdout(io.StringIO()):
+        train(args, session, session.binding.encode(session.tokenizer, read_pairs(data), 16, 8), None)
+    weights = {k: v.detach() for k, v in session.base.state_dict().items()}
+    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float32}
+    name = next(k for k in weights if k.endswith("dense_h_to_4h.weight"))
+    start = loaded[next(k for k in loaded if k.endswith(name))].float()
+    assert (weights[name] != start).float().mean() > 0.99
+    assert (weights[name].to(torch.bfloat16).float() != start).float().mean() < 0.5
+    save_model(argparse.Namespace(merge_lora=False), session, tmp_path / "final", 3)
+    session.env.close()
+    saved = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
+
+
+def test_an_fp32_checkpoint_loaded_in_bf16_is_saved_in_fp32(tmp_path, monkeypatch):
+    """ChatGLM2's loader gives bf16 on an accelerator whatever the files hold: an fp32 checkpoint is still
+    trained in fp32 and written in fp32, the dtype its config.json records."""
+    from safetensors.torch import load_file
+
+    from glm_port.finetune.run import save_model
+    from glm_port.models.chatglm2 import weights
+    from glm_port.models.chatglm2.finetune import save
+    from glm_port.models.chatglm2.tiny import build_tiny
+
+    (tmp_path / "tokenizer").mkdir()
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "fp32")
+    monkeypatch.setattr(weights, "default_dtype", lambda device: torch.bfloat16)
+    session, _ = _train_in_process(tmp_path, "out", "--model_name_or_path", str(tmp_path / "fp32"), "--bf16",
+                                   "--max_steps", "1")
+    assert {p.dtype for p in session.base.parameters()} == {torch.float32}
+    save_model(argparse.Namespace(merge_lora=False), session, tmp_path / "final", 1)
+    saved = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}

@@ -15,6 +15,17 @@ follow an assistant token: the answer's ``"\n"``, its text and ``</s>``, not ``<
 prompt to generate from ends with ``<|assistant|>`` (source part cut to 64), which is what ``chat`` feeds
 the model, so a model finetuned here answers in ``glm-chat``.
 
+Conversations (issue 30). A sample with a ``history`` (THUDM ChatGLM2 ptuning's ``history_column``:
+``[query, response]`` pairs) is built with ``build_prompt(query, history)``, the ``[Round i]`` prompt
+``chat`` builds; the loss counts the last response only, as ptuning/main.py. A ``conversations`` sample
+(ChatGLM3 ``finetune_demo``'s roles system/user/assistant/observation, ``tools`` on the system turn) on a
+ChatGLM3 tokenizer is every message as ``build_single_message`` (the system turn's ``tools`` appended as
+indented JSON, as ``build_chat_input`` does), ``[gMASK] sop`` before and ``</s>`` after; counted are the tokens
+that follow an assistant token up to and including the token after the turn (its ``"\n"``, text, and the next
+role token or ``</s>``) for every assistant turn, as finetune_demo's shifted loss mask; the prompt of an eval
+sample is the conversation up to its last assistant turn then ``<|assistant|>``, what ``build_chat_input``
+gives. On a ChatGLM2 tokenizer a conversation must be user/assistant turns only and reads as a history.
+
 LoRA as MindFormers trains ChatGLM2 on ADGEN: rank 8, alpha 32, dropout 0.1 on ``query_key_value``.
 """
 
@@ -52,14 +63,91 @@ def adgen_eval_example(tokenizer, content: str, summary: str, history=None, max_
 def chatglm3_train_example(tokenizer, content: str, summary: str, max_source_length: int = 64,
                            max_target_length: int = 128) -> dict:
     """``{"input_ids", "labels"}`` of one ChatGLM3 sample (one user turn, one assistant turn), unpadded."""
-    user = tokenizer.build_single_message("user", "", content)
-    answer = tokenizer.build_single_message("assistant", "", summary)
-    head = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")] + user
-    input_ids = head + answer + [tokenizer.eos_token_id]
-    first = len(head) + 1  # the first token after <|assistant|>: from there on every token is counted
-    labels = [IGNORE_INDEX] * first + input_ids[first:]
+    return chatglm3_conversation_example(tokenizer, [{"role": "user", "content": content},
+                                                     {"role": "assistant", "content": summary}],
+                                         max_source_length, max_target_length)
+
+
+def message_ids(tokenizer, message: dict) -> list[int]:
+    """One ChatGLM3 message as ``build_chat_input`` encodes it: a system turn's ``tools`` appended to its
+    content as indented JSON, then ``build_single_message(role, metadata, content)``."""
+    import json
+
+    content = message["content"]
+    if message["role"] == "system" and "tools" in message:
+        content = content + "\n" + json.dumps(message["tools"], indent=4, ensure_ascii=False)
+    return tokenizer.build_single_message(message["role"], message.get("metadata", ""), content)
+
+
+def chatglm3_conversation_example(tokenizer, messages, max_source_length: int = 64,
+                                  max_target_length: int = 128) -> dict:
+    """``{"input_ids", "labels"}`` of a ChatGLM3 conversation, as finetune_demo's ``process_batch`` builds it:
+    ``[gMASK] sop``, each message, ``</s>``; a token is counted when the one before it belongs to an assistant
+    message (so every assistant turn's ``"\n"``, text and the token after it); the whole cut to
+    ``max_source_length + max_target_length + 1``."""
+    input_ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
+    assistant = [False, False]
+    for message in messages:
+        part = message_ids(tokenizer, message)
+        input_ids += part
+        assistant += [message["role"] == "assistant"] * len(part)
+    input_ids.append(tokenizer.eos_token_id)
+    labels = [IGNORE_INDEX] + [t if after else IGNORE_INDEX for t, after in zip(input_ids[1:], assistant)]
     cap = max_source_length + max_target_length + 1
     return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+
+
+def prompt_messages(messages) -> list:
+    """The messages a reply is generated after: up to the last assistant turn when the conversation ends with
+    one (its reply is the reference), else all of them."""
+    messages = list(messages)
+    if messages and messages[-1]["role"] == "assistant":
+        last = max(k for k, m in enumerate(messages) if m["role"] == "assistant")
+        while last > 0 and messages[last - 1]["role"] == "assistant":  # one reply may span several segments
+            last -= 1
+        return messages[:last]
+    return messages
+
+
+def chatglm3_prompt(tokenizer, messages, max_source_length: int = 64) -> list[int]:
+    """``[gMASK] sop`` + the messages (cut to ``max_source_length``) + ``<|assistant|>``: what
+    ``build_chat_input`` builds for the last message as the query and the others as its history."""
+    ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
+    for message in messages:
+        ids += message_ids(tokenizer, message)
+    return ids[:max_source_length] + [tokenizer.get_command("<|assistant|>")]
+
+
+def as_history(pair) -> tuple[str, str, list]:
+    """``(query, response, history)`` of a ChatGLM2 sample: its ``history`` pairs, or a conversation of
+    alternating user/assistant turns read as one (the last assistant turn the response)."""
+    messages = list(getattr(pair, "messages", ()) or ())
+    if not messages:
+        return pair.source, pair.target, [tuple(turn) for turn in getattr(pair, "history", ()) or ()]
+    where = getattr(pair, "where", "") or "a conversation"
+    roles = [m["role"] for m in messages]
+    if any(r not in ("user", "assistant") for r in roles) or \
+            any(r != ("user" if k % 2 == 0 else "assistant") for k, r in enumerate(roles)):
+        odd = next((r for r in roles if r not in ("user", "assistant")), None)
+        why = f"a {odd} turn" if odd else "turns that do not alternate user, assistant"
+        raise ValueError(f"{where}: ChatGLM2's prompt has user and assistant turns only, alternating; this "
+                         f"conversation has {why} (system, observation and tools are ChatGLM3's)")
+    if roles[-1] == "assistant":
+        turns = [(messages[k]["content"], messages[k + 1]["content"]) for k in range(0, len(messages) - 2, 2)]
+        return messages[-2]["content"], messages[-1]["content"], turns
+    turns = [(messages[k]["content"], messages[k + 1]["content"]) for k in range(0, len(messages) - 1, 2)]
+    return messages[-1]["content"], "", turns
+
+
+def conversation_of(pair) -> list[dict]:
+    """A ChatGLM3 sample's messages: its conversation, or its history pairs + the source and target turns."""
+    messages = list(getattr(pair, "messages", ()) or ())
+    if messages:
+        return messages
+    turns = []
+    for query, response in getattr(pair, "history", ()) or ():
+        turns += [{"role": "user", "content": query}, {"role": "assistant", "content": response}]
+    return turns + [{"role": "user", "content": pair.source}, {"role": "assistant", "content": pair.target}]
 
 
 def chatglm3_eval_example(tokenizer, content: str, summary: str, max_source_length: int = 64) -> dict:
@@ -160,22 +248,33 @@ def encode(tokenizer, pairs, src_length: int, tgt_length: int, with_targets: boo
     chatglm3 = getattr(tokenizer, "is_chatglm3", False)
     samples = []
     for pair in pairs:
-        if with_targets and chatglm3:
-            built = chatglm3_train_example(tokenizer, pair.source, pair.target, src_length, tgt_length)
-            ids, labels = built["input_ids"], built["labels"]
-            truncated = built["labels"][-1] != tokenizer.eos_token_id  # the cut fell inside the answer
-        elif with_targets:
-            built = adgen_train_example(tokenizer, pair.source, pair.target, max_source_length=src_length,
-                                        max_target_length=tgt_length, pad=False)
-            ids, labels = built["input_ids"], built["labels"]
-            truncated = len(tokenizer.encode(pair.target, add_special_tokens=False)) > tgt_length
+        sep = None
+        if chatglm3:
+            messages = conversation_of(pair)
+            if with_targets:
+                built = chatglm3_conversation_example(tokenizer, messages, src_length, tgt_length)
+                ids, labels = built["input_ids"], built["labels"]
+                truncated = built["labels"][-1] != tokenizer.eos_token_id  # the cut fell inside the answer
+                # Generation (evaluation) answers the last assistant turn: the prompt is all before it.
+                sep = min(len(chatglm3_prompt(tokenizer, prompt_messages(messages), len(ids))), len(ids))
+            else:
+                ids = chatglm3_prompt(tokenizer, prompt_messages(messages), src_length)
+                labels, truncated = [IGNORE_INDEX] * len(ids), False
         else:
-            example = chatglm3_eval_example if chatglm3 else adgen_eval_example
-            ids = example(tokenizer, pair.source, pair.target, max_source_length=src_length)["input_ids"]
-            labels, truncated = [IGNORE_INDEX] * len(ids), False
+            query, response, history = as_history(pair)
+            if with_targets:
+                built = adgen_train_example(tokenizer, query, response, history, max_source_length=src_length,
+                                            max_target_length=tgt_length, pad=False)
+                ids, labels = built["input_ids"], built["labels"]
+                truncated = len(tokenizer.encode(response, add_special_tokens=False)) > tgt_length
+            else:
+                ids = adgen_eval_example(tokenizer, query, response, history, src_length)["input_ids"]
+                labels, truncated = [IGNORE_INDEX] * len(ids), False
         target = np.asarray(labels[1:] + [IGNORE_INDEX], dtype=np.int64)
         counted = target != IGNORE_INDEX
         prompt = next((k + 1 for k, label in enumerate(labels[1:]) if label != IGNORE_INDEX), len(ids))
+        if chatglm3 and with_targets:
+            prompt = sep
         samples.append(Encoded(
             text=np.asarray(ids, dtype=np.int64), position_id=np.arange(len(ids), dtype=np.int64), sep=prompt,
             target=np.where(counted, target, 0), loss_mask=counted.astype(np.float32), truncated_target=truncated,
