@@ -28,6 +28,8 @@ from pathlib import Path
 import tiktoken
 from transformers import AddedToken, BatchEncoding, PreTrainedTokenizer
 
+from glm_port.models.chatglm2.tokenizer import as_messages  # the same history forms as ChatGLM3
+
 # How GLM-4 splits text before merging (ChatGLM4Tokenizer.__init__'s ``pat_str``): cl100k's pattern with
 # letters-only words and numbers of at most three digits.
 PAT_STR = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -293,21 +295,6 @@ class GLM4Tokenizer(PreTrainedTokenizer):
             jinja.unlink()
             files = tuple(f for f in files if Path(f) != jinja)
         return files
-
-
-def as_messages(history) -> list[dict]:
-    """A chat history as message dicts: dicts as they are, ``(query, response)`` pairs as user + assistant."""
-    messages = []
-    for item in history or []:
-        if isinstance(item, dict):
-            if not {"role", "content"} <= item.keys():
-                raise ValueError(f"chat history message {item!r} needs a 'role' and a 'content'")
-            messages.append(item)
-        elif isinstance(item, (tuple, list)) and len(item) == 2:
-            messages += [{"role": "user", "content": item[0]}, {"role": "assistant", "content": item[1]}]
-        else:
-            raise ValueError(f"chat history item {item!r} is neither a message dict nor a (query, response) pair")
-    return messages
 
 
 __all__ = ["CHAT_TEMPLATE", "EOS_TOKEN", "GLM4Tokenizer", "PAT_STR", "PREFIX_TOKENS", "ROLES", "SPECIAL_TOKENS",
