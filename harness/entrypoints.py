@@ -217,24 +217,109 @@ def _one_process_env(env: dict) -> dict:
             "MASTER_PORT": str(up.free_port()), "TERM": "dumb"}  # fmt: skip
 
 
-def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int) -> Path:
+def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int, iters: int = PRETRAIN_ITERS) -> Path:
     """The directory ``--load-pretrained`` takes: the migrated tree trains the tiny model
-    :data:`PRETRAIN_ITERS` iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``)."""
+    ``iters`` (:data:`PRETRAIN_ITERS`) iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``)."""
     from harness.verify import EXTRA_FLAGS
 
-    save = Path(workdir) / "pretrained"
+    save = Path(workdir) / ("pretrained" if iters == PRETRAIN_ITERS else f"pretrained-{iters}")
     if save.exists():
         shutil.rmtree(save)
-    flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", str(PRETRAIN_ITERS), "--save", str(save),
+    flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", str(iters), "--save", str(save),
              "--experiment-name", "tiny"]  # fmt: skip
     cmd = _launch("ported", "pretrain_glm.py") + flags
-    code, text = up.run_upstream(cmd, ported, _one_process_env(env), Path(workdir) / "pretrained.log", timeout)
+    code, text = up.run_upstream(cmd, ported, _one_process_env(env), save.with_suffix(".log"), timeout)
     found = sorted(save.glob("*/latest_checkpointed_iteration.txt"))
     if code != 0 or not found:
         from harness.verify import failure_cause
 
-        raise up.HarnessError(f"pretraining the checkpoint failed: {failure_cause(code, text)} (log: {workdir}/pretrained.log)")
+        raise up.HarnessError(f"pretraining the checkpoint failed: {failure_cause(code, text)} (log: {save.with_suffix('.log')})")
     return found[0].parent
+
+
+# glm-generate against generate_samples.py (greedy): the tiny model trained longer, then its end-of-piece
+# and "." rows of the (tied) word embeddings zeroed, since greedy decoding of the tiny model otherwise
+# ends every blank at once (eop is its likeliest first token) or repeats "." to the end: with them at
+# logit 0, both fill each blank with 16 tokens that change along the way. BERT WordPiece ids
+# (docs/upstream.md): eop 30523 (sop 30522), "." 1012.
+GLM_GENERATE_ITERS = 200
+SOP_TEXT = "<|startofpiece|>"
+SILENCED_TOKENS = (30523, 1012)
+
+
+def silenced_checkpoint(pretrained: Path, workdir: Path, rows: tuple[int, ...] = SILENCED_TOKENS) -> Path:
+    """A copy of ``pretrained`` (one ``mp_rank_00`` shard) with the word-embedding ``rows`` zeroed: the
+    weights both glm-generate and generate_samples.py load in :func:`run_glm_generate`'s comparison.
+    Loads with ``weights_only=False``: the file is the one this harness's own pretraining wrote."""
+    import torch
+
+    copy = Path(workdir) / "pretrained-silenced" / pretrained.name
+    if copy.parent.exists():
+        shutil.rmtree(copy.parent)
+    shutil.copytree(pretrained, copy)
+    [shard] = copy.glob("*/mp_rank_00_model_states.pt")
+    sd = torch.load(shard, map_location="cpu", weights_only=False)
+    with torch.no_grad():
+        sd["module"]["word_embeddings.weight"][list(rows)] = 0
+    torch.save(sd, shard)
+    write_config(copy, sd["module"]["word_embeddings.weight"].shape[0])
+    return copy
+
+
+def _flag(name: str) -> int:
+    return int(MODEL_FLAGS[MODEL_FLAGS.index(name) + 1])
+
+
+def write_config(checkpoint: Path, vocab_size: int) -> Path:
+    """``config.json`` (THUDM's field names) beside upstream's ``mp_rank_XX`` files, from :data:`MODEL_FLAGS`:
+    those files carry no architecture, and glm-generate reads the heads off this file (without one it takes
+    them 64 wide, as every GLM release: 1 head for the tiny model's 4; docs/generation.md). Upstream's
+    scripts do not read it (they take the flags)."""
+    config = {"model_type": "glm", "num_layers": _flag("--num-layers"), "hidden_size": _flag("--hidden-size"),
+              "num_attention_heads": _flag("--num-attention-heads"), "vocab_size": vocab_size,
+              "max_sequence_length": _flag("--max-position-embeddings"), "block_position_encoding": True,
+              "attention_scale": 1.0, "relative_encoding": False}  # fmt: skip
+    path = Path(checkpoint) / "config.json"
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def wordpiece_text(ids: list[int], vocab: Path) -> str:
+    """``ids`` as upstream's BertWordPieceTokenizer.DecodeIds writes them: the vocabulary's tokens,
+    ``##`` pieces joined to the one before, the rest separated by one space."""
+    tokens = Path(vocab).read_text(encoding="utf-8").split("\n")
+    words: list[str] = []
+    for i in ids:
+        token = tokens[i]
+        if token.startswith("##") and words:
+            words[-1] += token[2:]
+        else:
+            words.append(token)
+    return " ".join(words)
+
+
+def run_glm_generate(checkpoint: Path, vocab: Path, env: dict, workdir: Path, timeout: int) -> SideRun:
+    """glm_port's ``glm-generate --json`` (greedy) on :data:`GENERATE_PROMPTS` from upstream's checkpoint
+    directory, its figures written as generate_samples.py prints them (``generated``: ``<|startofpiece|>``
+    and each blank's tokens, :func:`wordpiece_text`) so :class:`EntryComparison` compares them with
+    the ``generate`` entry point's; plus ``ids`` (each blank's token ids) for the report."""
+    from harness.verify import failure_cause
+
+    log = Path(workdir) / "glm-generate.log"
+    cmd = [sys.executable, "-m", "glm_port.generation.cli", "--model", str(checkpoint), "--json",
+           "--tokenizer-type", "BertWordPieceTokenizer", "--tokenizer-path", str(vocab),
+           "--max-new-tokens", "16", "--device", "cpu", *GENERATE_PROMPTS]  # fmt: skip
+    code, text = up.run_upstream(cmd, up.PROJECT_ROOT, env, log, timeout)
+    figures = Figures()
+    if code == 0:
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            for row in rows:
+                [ids] = row["generated_ids"]  # one blank a prompt
+                figures.add("generated", " ".join([SOP_TEXT, wordpiece_text(ids, vocab)]))
+        except (ValueError, KeyError) as exc:
+            code, text = 1, text + f"\n[harness] cannot read glm-generate's --json output: {exc}"
+    return SideRun(code, figures, log, failure_cause(code, text) if code else "")
 
 
 def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, timeout: int) -> Path:
