@@ -322,6 +322,47 @@ def run_glm_generate(checkpoint: Path, vocab: Path, env: dict, workdir: Path, ti
     return SideRun(code, figures, log, failure_cause(code, text) if code else "")
 
 
+# finetune_glm.py's seq2seq loss on its first step, against glm_port's: the whole training split in one
+# batch (its token-mean loss does not depend on the sampler's order), label smoothing as seq_cnndm_org.sh.
+SEQ2SEQ_SRC, SEQ2SEQ_TGT, SEQ2SEQ_SMOOTHING = 64, 16, 0.1
+
+
+def seq2seq_first_step(side: str, tree: Path, env: dict, data: Path, pretrained: Path, workdir: Path,
+                       timeout: int) -> SideRun:  # fmt: skip
+    """finetune_glm.py's seq2seq run of the ``seq2seq`` entry point with ``--batch-size`` = every training
+    sample, so that its first step's batch is the whole split; figures: the ``lm loss`` of each iteration."""
+    from harness.verify import failure_cause
+
+    samples = len((Path(data) / "s2s" / "train.source").read_text(encoding="utf-8").splitlines())
+    flags = _finetune_flags("seq2seq", data, pretrained, Path(workdir) / f"seq2seq-batch.{side}" / "save")
+    flags[flags.index("--batch-size") + 1] = str(samples)
+    log = Path(workdir) / f"seq2seq-batch.{side}.log"
+    code, text = up.run_upstream(_launch(side, "finetune_glm.py") + flags, tree, _one_process_env(env), log, timeout)
+    figures = Figures()
+    if code == 0:
+        read_figures(text, figures)
+        figures.items = [(w, v) for w, v in figures.items if w == "lm loss"]
+    return SideRun(code, figures, log, failure_cause(code, text) if code else "")
+
+
+def upstream_seq2seq_sample(source_ids: list[int], target_ids: list[int], ids: dict) -> dict:
+    """One training sample as upstream's ``finetune_glm.py --task cnn_dm_original`` lays it out, as
+    docs/upstream.md describes: ``[CLS] [MASK]`` + `` Content:`` + source, cut and padded with ``[PAD]`` to
+    :data:`SEQ2SEQ_SRC` (all of it bidirectional: ``sep`` is that length), then ``[sop]`` + target, whose
+    labels are target + ``[eop]``, cut and padded to :data:`SEQ2SEQ_TGT`, the loss on the labels only.
+    ``source_ids`` start with `` Content:``'s ids; ``ids``: the ``cls``, ``mask``, ``pad``, ``sop``, ``eop`` ids."""
+    source = [ids["cls"], ids["mask"], *source_ids][:SEQ2SEQ_SRC]
+    source += [ids["pad"]] * (SEQ2SEQ_SRC - len(source))
+    labels = [*target_ids, ids["eop"]][:SEQ2SEQ_TGT]
+    counted = len(labels)
+    labels += [ids["pad"]] * (SEQ2SEQ_TGT - len(labels))
+    mask_position = source.index(ids["mask"])
+    return {"text": source + [ids["sop"]] + labels[:-1], "target": [0] * SEQ2SEQ_SRC + labels,
+            "loss_mask": [0] * SEQ2SEQ_SRC + [1] * counted + [0] * (SEQ2SEQ_TGT - counted), "sep": SEQ2SEQ_SRC,
+            "position_id": [list(range(SEQ2SEQ_SRC)) + [mask_position] * SEQ2SEQ_TGT,
+                            [0] * SEQ2SEQ_SRC + list(range(1, SEQ2SEQ_TGT + 1))]}  # fmt: skip
+
+
 def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, timeout: int) -> Path:
     """``pretrained`` split for model-parallel size 2 by the migrated tree's own ``change_mp.py``
     (what the ``tp2`` runs load)."""
