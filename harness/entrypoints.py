@@ -12,6 +12,11 @@ figures each printed or wrote (:class:`Figures`): losses, accuracies, ROUGE, per
 generated text, the resharded tensors. :data:`MODES` says which also run at model-parallel size 2
 (``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own. Dropout is off and the seed fixed, so the figures must be
 equal (numbers within ``rtol``: the migrated loss rounds differently in the 7th digit).
+
+Where glm_port has the job, its own code runs against upstream's entry point on the same weights and data:
+:func:`run_glm_generate` (glm-generate, greedy) against ``generate`` on a :func:`silenced_checkpoint`;
+:func:`seq2seq_first_step` gives finetune_glm.py's first seq2seq loss on one whole-split batch, which
+:func:`upstream_seq2seq_sample` lays out for glm_port's model (tests/e2e/test_upstream_glm_port.py).
 """
 
 from __future__ import annotations
