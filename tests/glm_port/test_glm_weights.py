@@ -71,6 +71,21 @@ def write_mp(tmp_path, state, size, name="mp"):
     return tmp_path / name
 
 
+def test_files_without_an_architecture_say_the_head_count_they_assume(tmp_path, reference, caplog):
+    # upstream's mp_rank files carry no config: the head count is a guess (64-wide heads), which must be said,
+    # since a model with other heads loads without an error and computes something else
+    write_mp(tmp_path, upstream_state(reference), 1)
+    with caplog.at_level("WARNING", logger="glm_port"):
+        loaded = GLMForConditionalGeneration.from_pretrained(tmp_path / "mp")
+    assert loaded.config.num_attention_heads == 1  # hidden 64: one 64-wide head, not the reference's 4
+    assert "assuming 1 attention heads" in caplog.text and "num_attention_heads" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="glm_port"):
+        told = GLMForConditionalGeneration.from_pretrained(tmp_path / "mp", num_attention_heads=4)
+    assert "assuming" not in caplog.text
+    assert torch.equal(logits(told), logits(reference))
+
+
 def test_megatron_split_rules_by_hand():
     h = 4
     qkv = torch.arange(3 * h).float()  # Q = 0..3, K = 4..7, V = 8..11

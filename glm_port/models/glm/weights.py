@@ -27,6 +27,7 @@ unexpected key, a shape, a missing shard file) is one ``WeightsError`` naming it
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -386,8 +387,16 @@ def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
     layers = 1 + max(int(m.group(1)) for n in names if (m := re.match(r"transformer\.layers\.(\d+)\.", n)))
     block = "transformer.block_position_embeddings.weight" in names
     positions = reader.shape("transformer.position_embeddings.weight")[0] - (1 if block else 0)
+    if heads is None:
+        heads = max(1, hidden // 64)
+        # The shapes cannot tell the head count: a model with heads of another width loads without an error
+        # and computes something else, so say what was assumed and how to say otherwise.
+        logging.getLogger("glm_port").warning(
+            "%s: no config.json and no saved architecture: assuming %d attention heads (64 wide, as every GLM "
+            "release); if the model has others, put a config.json with num_attention_heads beside the files "
+            "(glm-merge --num-attention-heads N writes one)", reader.path.parent, heads)
     return GLMPretrainedConfig(num_layers=layers, vocab_size=rows * mp_size, hidden_size=hidden,
-                               num_attention_heads=heads or max(1, hidden // 64), max_sequence_length=positions,
+                               num_attention_heads=heads, max_sequence_length=positions,
                                block_position_encoding=block)
 
 
