@@ -95,6 +95,16 @@ ENTRY_POINTS = {
         EntryPoint("wic", "finetune_glm.py, SuperGLUE WiC (cloze)",
                    "finetune_glm.py --finetune --cloze-eval --task WiC --pattern-id 0 --load-pretrained P --epochs 2",
                    "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("multirc", "finetune_glm.py, SuperGLUE MultiRC (cloze, task_multirc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task MultiRC --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev F1a, EM and accuracy per epoch"),
+        EntryPoint("wsc", "finetune_glm.py, SuperGLUE WSC (task_wsc.sh: --wsc-negative --loss-func mix, pattern 2)",
+                   "finetune_glm.py --finetune --cloze-eval --task WSC --wsc-negative --loss-func mix --length-penalty 1 "
+                   "--pattern-id 2 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("record", "finetune_glm.py, SuperGLUE ReCoRD (entity candidates, task_record.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task ReCoRD --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev EM and F1 per epoch"),
         EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
                    "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
                    "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
@@ -122,9 +132,12 @@ ENTRY_POINTS = {
 
 
 # SuperGLUE tasks besides RTE and COPA: other data readers and patterns on the same loop, one process only
-SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
+SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic", "multirc", "wsc", "record")
 SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
-                   "wic": ("WiC", "0")}  # entry -> (upstream's task name, --pattern-id)
+                   "wic": ("WiC", "0"), "multirc": ("MultiRC", "0"), "wsc": ("WSC", "2"),
+                   "record": ("ReCoRD", "0")}  # entry -> (upstream's task name, --pattern-id)
+# flags a task's config_tasks/task_*.sh adds besides the pattern (task_wsc.sh's TRAIN_ARGS)
+SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-penalty", "1"]}
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
 MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
@@ -192,6 +205,7 @@ def write_data(root: Path) -> Path:
                 row["label"] = rng.random() < 0.5
             rows.append(row)
         _jsonl(root / "WiC" / f"{split}.jsonl", rows)
+    _write_more_superglue(root)
     (root / "s2s").mkdir(parents=True, exist_ok=True)
     for split, n in (("train", 8), ("val", 4), ("test", 4)):
         sources = [" ".join(_sentence(rng, 8) for _ in range(3)) for _ in range(n)]
@@ -204,6 +218,54 @@ def write_data(root: Path) -> Path:
                                       for _ in range(20)]  # fmt: skip
     (root / "lm" / "wiki.test.tokens").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+def _write_more_superglue(root: Path) -> None:
+    """MultiRC, WSC (WSC-negative: with ``candidates``) and ReCoRD in SuperGLUE's JSON lines, from a generator of
+    their own (the tasks written before keep their bytes)."""
+    rng = random.Random(1)
+    for split, n in (("train", 4), ("val", 2), ("test", 2)):
+        rows = []
+        for p in range(n):  # MultiRC: a passage, 2 questions, 2 answers each (one example per answer)
+            questions = []
+            for q in range(2):
+                answers = []
+                for a in range(2):
+                    answer = {"text": _sentence(rng, 3), "idx": a}
+                    if split != "test":
+                        answer["label"] = rng.randint(0, 1)
+                    answers.append(answer)
+                questions.append({"question": _sentence(rng, 5)[:-1] + "?", "idx": 2 * p + q, "answers": answers})
+            rows.append({"idx": p, "passage": {"text": " ".join(_sentence(rng, 7) for _ in range(3)),
+                                               "questions": questions}})  # fmt: skip
+        _jsonl(root / "MultiRC" / f"{split}.jsonl", rows)
+    nouns = ["cat", "dog", "boy", "girl", "bird", "fish"]
+    for split, n in (("train", 12), ("val", 8), ("test", 4)):
+        rows = []
+        for i in range(n):  # WSC: "The X saw the Y because it ..." with the pronoun at word 6
+            x, y, *others = rng.sample(nouns, 4)
+            words = ["The", x, "saw", "the", y, "because", "it", *(_sentence(rng, 4)[:-1].lower().split())]
+            words[-1] += "."
+            row = {"text": " ".join(words), "idx": i, "candidates": [{"text": f"the {o}"} for o in (y, *others)],
+                   "target": {"span1_text": f"The {x}", "span1_index": 0, "span2_text": "it", "span2_index": 6}}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.75
+            rows.append(row)
+        _jsonl(root / "WSC" / f"{split}.jsonl", rows)
+    names = ["Alice", "Bob", "Carol", "Dave", "Eve"]
+    for split, n in (("train", 8), ("val", 4), ("test", 4)):
+        rows = []
+        for i in range(n):  # ReCoRD: entity spans (inclusive ends) in the passage; the query's @placeholder
+            people = rng.sample(names, 3)
+            text = f"{people[0]} met {people[1]} and {people[2]}. " + _sentence(rng, 6) + "\n@highlight\n" + _sentence(rng, 4)
+            entities = [{"start": text.index(e), "end": text.index(e) + len(e) - 1} for e in people]
+            answer = rng.choice(people)
+            qa = {"query": f"@placeholder " + _sentence(rng, 4).lower(), "idx": i}
+            if split != "test":
+                qa["answers"] = [{"start": text.index(answer), "end": text.index(answer) + len(answer) - 1,
+                                  "text": answer}]  # fmt: skip
+            rows.append({"idx": i, "passage": {"text": text, "entities": entities}, "qas": [qa]})
+        _jsonl(root / "ReCoRD" / f"{split}.jsonl", rows)
 
 
 def _launch(side: str, script: str, mode: str = "1") -> list[str]:
@@ -390,7 +452,7 @@ def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list
               "--experiment-name", name, "--overwrite"]  # fmt: skip
     if name in SUPERGLUE_TASKS:
         task, pattern = SUPERGLUE_TASKS[name]
-        extra = ["--checkpoint-activations"] if name == "superglue" else []
+        extra = (["--checkpoint-activations"] if name == "superglue" else []) + SUPERGLUE_EXTRA.get(name, [])
         return [*common, "--cloze-eval", "--task", task, "--data-dir", str(data / task), "--seq-length", "64",
                 "--eval-batch-size", "4", "--save-epoch", "100000", "--lr-decay-style", "linear", "--warmup", "0.1",
                 "--weight-decay", "1.0e-1", "--pattern-id", pattern, "--save-interval", "10000", "--log-interval", "1",
