@@ -105,6 +105,24 @@ ENTRY_POINTS = {
         EntryPoint("record", "finetune_glm.py, SuperGLUE ReCoRD (entity candidates, task_record.sh's pattern 0)",
                    "finetune_glm.py --finetune --cloze-eval --task ReCoRD --pattern-id 0 --load-pretrained P --epochs 2",
                    "lm loss per iteration, dev EM and F1 per epoch"),
+        EntryPoint("rte_mt", "finetune_glm.py, SuperGLUE RTE with --multi-token (the multi-token cloze model and data)",
+                   "finetune_glm.py --finetune --cloze-eval --task RTE --pattern-id 0 --multi-token --load-pretrained P "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch, test accuracy"),
+        EntryPoint("rte_few", "finetune_glm.py, SuperGLUE RTE with --few-superglue (dev from dev32.jsonl, test from val.jsonl)",
+                   "finetune_glm.py --finetune --cloze-eval --task RTE --pattern-id 0 --few-superglue --load-pretrained P "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch, test accuracy (labelled: val.jsonl)"),
+        EntryPoint("afqmc", "finetune_glm.py, CLUE AFQMC (cloze, Chinese SentencePiece, task_afqmc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task afqmc --pattern-id 0 --load-pretrained P_ZH --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("tnews", "finetune_glm.py, CLUE TNEWS (cloze, 15 labels, task_tnews.sh's pattern 0, --multi-token)",
+                   "finetune_glm.py --finetune --cloze-eval --task tnews --pattern-id 0 --multi-token --load-pretrained P_ZH "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("cluewsc", "finetune_glm.py, CLUE CLUEWSC (cloze, task_cluewsc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task cluewsc --pattern-id 0 --load-pretrained P_ZH --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
         EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
                    "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
                    "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
@@ -132,12 +150,26 @@ ENTRY_POINTS = {
 
 
 # SuperGLUE tasks besides RTE and COPA: other data readers and patterns on the same loop, one process only
-SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic", "multirc", "wsc", "record")
+SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic", "multirc", "wsc", "record", "rte_mt", "rte_few", "afqmc", "tnews",
+                         "cluewsc")
+# CLUE: the Chinese model's tokenizer flags (config_tasks/model_blocklm_large_chinese.sh), on a checkpoint
+# pretrained with them (pretrained_checkpoint(..., chinese=True)); upstream reads its SentencePiece model
+# from chinese_sentencepiece/cog-pretrain.model in the tree (THUDM/GLM ships it)
+CLUE_TASKS = ("afqmc", "tnews", "cluewsc")
+CHINESE_TOKENIZER = ["--task-mask", "--tokenizer-type", "ChineseSPTokenizer", "--fix-command-token"]
 SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
                    "wic": ("WiC", "0"), "multirc": ("MultiRC", "0"), "wsc": ("WSC", "2"),
-                   "record": ("ReCoRD", "0")}  # entry -> (upstream's task name, --pattern-id)
-# flags a task's config_tasks/task_*.sh adds besides the pattern (task_wsc.sh's TRAIN_ARGS)
-SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-penalty", "1"]}
+                   "record": ("ReCoRD", "0"), "rte_mt": ("RTE", "0"),
+                   "rte_few": ("RTE", "0"), "afqmc": ("afqmc", "0"), "tnews": ("tnews", "0"),
+                   "cluewsc": ("cluewsc", "0")}  # entry -> (upstream's task name, --pattern-id)
+# flags besides the pattern: task_wsc.sh's TRAIN_ARGS; --multi-token and --few-superglue (no config_tasks file passes
+# them; --multi-token on RTE, since COPA, WSC, MultiRC and ReCoRD's patterns are multi-token whatever it says)
+SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-penalty", "1"],
+                   "rte_mt": ["--multi-token"], "rte_few": ["--few-superglue"],
+                   # task_tnews.sh's single-token cloze stops in upstream itself, on both sides, at TNewsPVP's
+                   # verbalizer check: "AssertionError: Verbalization "居家" does not correspond to a single
+                   # token" (the shipped chinese_sentencepiece model splits it); multi-token cloze takes it
+                   "tnews": ["--multi-token"]}
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
 MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
@@ -221,9 +253,12 @@ def write_data(root: Path) -> Path:
 
 
 def _write_more_superglue(root: Path) -> None:
-    """MultiRC, WSC (WSC-negative: with ``candidates``) and ReCoRD in SuperGLUE's JSON lines, from a generator of
+    """RTE's ``dev32.jsonl`` (``--few-superglue``), MultiRC, WSC (WSC-negative: with ``candidates``) and ReCoRD in SuperGLUE's JSON lines, from a generator of
     their own (the tasks written before keep their bytes)."""
     rng = random.Random(1)
+    rows = [{"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 5), "idx": i,
+             "label": rng.choice(["entailment", "not_entailment"])} for i in range(8)]  # fmt: skip
+    _jsonl(root / "RTE" / "dev32.jsonl", rows)  # --few-superglue's dev split (FewGLUE's name)
     for split, n in (("train", 4), ("val", 2), ("test", 2)):
         rows = []
         for p in range(n):  # MultiRC: a passage, 2 questions, 2 answers each (one example per answer)
@@ -252,6 +287,7 @@ def _write_more_superglue(root: Path) -> None:
                 row["label"] = rng.random() < 0.75
             rows.append(row)
         _jsonl(root / "WSC" / f"{split}.jsonl", rows)
+    _write_clue(root, rng)
     names = ["Alice", "Bob", "Carol", "Dave", "Eve"]
     for split, n in (("train", 8), ("val", 4), ("test", 4)):
         rows = []
@@ -266,6 +302,43 @@ def _write_more_superglue(root: Path) -> None:
                                   "text": answer}]  # fmt: skip
             rows.append({"idx": i, "passage": {"text": text, "entities": entities}, "qas": [qa]})
         _jsonl(root / "ReCoRD" / f"{split}.jsonl", rows)
+
+
+HANZI = "我你他她它们是的不在有人这中大来上国个到说时要就出会可也对生能而子那得于着下自之年过发后作里用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心本前开但因只从想实日军者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应战向头文体政美相见被利什二等产或新己制身果加西斯月话合回特代内信表化老给世位次度门任常先海通教儿原东声提立及比员解水名真论处走义各入几口认条平系气题活尔更别打女变四神总何电数安少报才结反受目太量再感建务"  # common characters
+
+
+def _hanzi(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(HANZI) for _ in range(n))
+
+
+def _write_clue(root: Path, rng: random.Random) -> None:
+    """CLUE's AFQMC, TNEWS and CLUEWSC in their own JSON lines (``{train,dev,test}.json``), Chinese text."""
+    tnews_labels = ["100", "101", "102", "103", "104", "106", "107", "108", "109", "110", "112", "113", "114", "115",
+                    "116"]  # fmt: skip
+    for split, n in (("train", 8), ("dev", 8), ("test", 4)):
+        rows = []
+        for i in range(n):
+            row = {"sentence1": _hanzi(rng, 10), "sentence2": _hanzi(rng, 10)}
+            if split != "test":
+                row["label"] = rng.choice(["0", "1"])
+            rows.append(row)
+        _jsonl(root / "afqmc" / f"{split}.json", rows)
+        rows = []
+        for i in range(n):
+            row = {"sentence": _hanzi(rng, 14), "keywords": ",".join(_hanzi(rng, 2) for _ in range(3))}
+            if split != "test":
+                row["label"] = rng.choice(tnews_labels)
+            rows.append(row)
+        _jsonl(root / "tnews" / f"{split}.json", rows)
+        rows = []
+        for i in range(n):  # the pronoun 他 at character 8, the noun at 0 (2 characters)
+            text = _hanzi(rng, 8) + "他" + _hanzi(rng, 6) + "。"
+            row = {"text": text, "idx": i, "target": {"span1_text": text[:2], "span1_index": 0, "span2_text": "他",
+                                                       "span2_index": 8}}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.choice(["true", "false"])
+            rows.append(row)
+        _jsonl(root / "cluewsc" / f"{split}.json", rows)
 
 
 def _launch(side: str, script: str, mode: str = "1") -> list[str]:
@@ -284,16 +357,32 @@ def _one_process_env(env: dict) -> dict:
             "MASTER_PORT": str(up.free_port()), "TERM": "dumb"}  # fmt: skip
 
 
-def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int, iters: int = PRETRAIN_ITERS) -> Path:
+def chinese_flags(flags: list[str]) -> list[str]:
+    """``flags`` with BERT WordPiece's tokenizer flags replaced by the Chinese model's (:data:`CHINESE_TOKENIZER`)."""
+    out = list(flags)
+    for flag in ("--tokenizer-type", "--tokenizer-model-type"):
+        if flag in out:
+            i = out.index(flag)
+            del out[i:i + 2]
+    return out + CHINESE_TOKENIZER
+
+
+def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int, iters: int = PRETRAIN_ITERS,
+                          chinese: bool = False) -> Path:  # fmt: skip
     """The directory ``--load-pretrained`` takes: the migrated tree trains the tiny model
-    ``iters`` (:data:`PRETRAIN_ITERS`) iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``)."""
+    ``iters`` (:data:`PRETRAIN_ITERS`) iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``).
+    ``chinese``: with the Chinese model's SentencePiece tokenizer (:data:`CHINESE_TOKENIZER`), for the CLUE tasks."""
     from harness.verify import EXTRA_FLAGS
 
     save = Path(workdir) / ("pretrained" if iters == PRETRAIN_ITERS else f"pretrained-{iters}")
+    if chinese:
+        save = save.with_name(save.name + "-zh")
     if save.exists():
         shutil.rmtree(save)
     flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", str(iters), "--save", str(save),
              "--experiment-name", "tiny"]  # fmt: skip
+    if chinese:
+        flags = chinese_flags(flags)
     cmd = _launch("ported", "pretrain_glm.py") + flags
     code, text = up.run_upstream(cmd, ported, _one_process_env(env), save.with_suffix(".log"), timeout)
     found = sorted(save.glob("*/latest_checkpointed_iteration.txt"))
@@ -450,6 +539,8 @@ def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, tim
 def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list[str]:
     common = [*MODEL_FLAGS, "--finetune", "--load-pretrained", str(pretrained), "--save", str(save),
               "--experiment-name", name, "--overwrite"]  # fmt: skip
+    if name in CLUE_TASKS:
+        common = chinese_flags(common)
     if name in SUPERGLUE_TASKS:
         task, pattern = SUPERGLUE_TASKS[name]
         extra = (["--checkpoint-activations"] if name == "superglue" else []) + SUPERGLUE_EXTRA.get(name, [])
