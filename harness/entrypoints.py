@@ -1,7 +1,9 @@
 """Upstream's entry points besides pretraining, on both sides: finetuning, evaluation, generation, resharding.
 
 Each entry point (:data:`ENTRY_POINTS`) is one command of THUDM/GLM's own scripts
-(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC; ``scripts/finetune_seq2seq.sh``;
+(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC, MultiRC, WSC (``--wsc-negative``), ReCoRD,
+RTE with ``--multi-token`` and with ``--few-superglue``, CLUE's AFQMC, TNEWS, CLUEWSC on a checkpoint pretrained
+with the Chinese SentencePiece tokenizer; ``scripts/finetune_seq2seq.sh``;
 ``scripts/evaluate_lm.sh`` on LAMBADA and wikitext; ``generate_samples.py``, greedy and sampled;
 ``change_mp.py``; ``scripts/convert_glm_checkpoint_to_transformers.py``; ``pretrain_glm.py --load``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
 small data written here in upstream's own formats (:func:`write_data`), from one pretrained
