@@ -49,7 +49,9 @@ GENERATE_PROMPTS = ["The cat sat on the [MASK] and the dog ran.", "A big red [MA
 # What the runs print (upstream's own formats)
 FIGURE_LINES = [
     (re.compile(r"lm loss ([-+0-9.eE]+)"), "lm loss"),
-    (re.compile(r">> \|epoch: (-?\d+)\| overall: (.*)$"), "overall"),  # SuperGLUE accuracy, seq2seq ROUGE
+    # SuperGLUE accuracy, seq2seq ROUGE (tasks/eval_utils.py: "total = N" then " KEY = X.XXXX" per metric): only
+    # that, since under torchrun another rank's stderr can land on the same log line (a FutureWarning did)
+    (re.compile(r">> \|epoch: (-?\d+)\| overall: (total = \d+(?: [\w-]+ = -?\d+\.\d{4})*)"), "overall"),
     (re.compile(r"number correct: (.*)$"), "lambada"),
     (re.compile(r"avg loss: (.*)$"), "wikitext"),
     (re.compile(r"^GLM: (.*)$"), "generated"),
@@ -151,9 +153,8 @@ ENTRY_POINTS = {
 }
 
 
-# other data readers and patterns on the same loop, one process only (CLUE: its checkpoint is not split for tp2)
-SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic", "afqmc", "tnews",
-                         "cluewsc")
+# other data readers and patterns on the same loop, one process only
+SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
 # CLUE: the Chinese model's tokenizer flags (config_tasks/model_blocklm_large_chinese.sh), on a checkpoint
 # pretrained with them (pretrained_checkpoint(..., chinese=True)); upstream reads its SentencePiece model
 # from chinese_sentencepiece/cog-pretrain.model in the tree (THUDM/GLM ships it)
@@ -526,11 +527,11 @@ def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, tim
     (what the ``tp2`` runs load)."""
     from harness.verify import failure_cause
 
-    copy = Path(workdir) / "pretrained-mp" / pretrained.name
+    copy = Path(workdir) / f"{pretrained.parent.name}-mp" / pretrained.name  # pretrained-mp, pretrained-zh-mp
     if copy.parent.exists():
         shutil.rmtree(copy.parent)
     shutil.copytree(pretrained, copy)
-    log = Path(workdir) / "pretrained-mp2.log"
+    log = Path(workdir) / f"{pretrained.parent.name}-mp2.log"
     code, text = up.run_upstream(_launch("ported", "change_mp.py") + [str(copy), "2"], ported, _one_process_env(env),
                                  log, timeout)  # fmt: skip
     if code != 0:

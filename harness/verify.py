@@ -279,17 +279,23 @@ def run_entry_points(names: list[str], original: Path, ported: Path, workdir: Pa
         failed = SideRun(1, Figures(), workdir / "pretrained.log", str(exc))
         return [EntryComparison(n, failed, failed, args.entry_rtol) for n in names]
     runs = [(name, mode) for mode in args.entry_modes for name in names if mode in ENTRY_MODES[name]]
-    checkpoints = {"1": pretrained}
+    checkpoints = {("", "1"): pretrained}
     for name, mode in tqdm(runs, desc="entry points", unit="entry", disable=None):
-        key = "zh" if name in CLUE_TASKS else mode  # CLUE: the checkpoint pretrained with the Chinese tokenizer
-        if key not in checkpoints:
+        key = ("zh" if name in CLUE_TASKS else "", mode)  # CLUE: the checkpoint pretrained with the Chinese tokenizer
+        for need in ((key[0], "1"), key):  # the one-process checkpoint first; a tp2 one is split from it
+            if need in checkpoints:
+                continue
+            base = checkpoints.get((need[0], "1"))  # None: the Chinese one, not pretrained yet
+            if isinstance(base, up.HarnessError):
+                checkpoints[need] = base
+                continue
             try:
-                checkpoints[key] = (pretrained_checkpoint(ported, ported_env(), workdir, args.timeout, chinese=True)
-                                    if key == "zh" else pretrained_mp2(ported, ported_env(), pretrained, workdir, args.timeout))  # fmt: skip
+                checkpoints[need] = (pretrained_checkpoint(ported, ported_env(), workdir, args.timeout, chinese=True)
+                                     if base is None else pretrained_mp2(ported, ported_env(), base, workdir, args.timeout))  # fmt: skip
             except up.HarnessError as exc:
-                checkpoints[key] = exc
+                checkpoints[need] = exc
         if isinstance(checkpoints[key], up.HarnessError):
-            log = workdir / ("pretrained-zh.log" if key == "zh" else "pretrained-mp2.log")
+            log = workdir / {("", "tp2"): "pretrained-mp2.log", ("zh", "1"): "pretrained-zh.log"}.get(key, "pretrained-zh-mp2.log")
             failed = SideRun(1, Figures(), log, str(checkpoints[key]))
             results.append(EntryComparison(name, failed, failed, args.entry_rtol, mode))
         else:

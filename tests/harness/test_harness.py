@@ -163,6 +163,14 @@ def test_more_superglue_and_clue_data_hold_what_upstreams_readers_check(tmp_path
     assert "--tokenizer-model-type" not in flags and "--task-mask" in flags and "--fix-command-token" in flags
 
 
+def test_overall_figure_stops_where_another_ranks_output_runs_into_its_line():
+    line = (" >> |epoch: 0| overall: total = 8 f1a = 0.5455 em = 0.2500 acc = 37.5000/tmp/GLM/model/downstream.py:122: "
+            "FutureWarning: Positional args are being deprecated")
+    figures = entrypoints.Figures()
+    entrypoints.read_figures(line, figures)
+    assert figures.items == [("overall", "0 total = 8 f1a = 0.5455 em = 0.2500 acc = 37.5000")]
+
+
 def test_entry_point_figures_are_read_from_upstreams_lines():
     text = "\n".join([
         " iteration        2/       8 | elapsed time per iteration (ms): 313.5 | learning rate 8.500E-05 | lm loss 5.872517E-01 |",
