@@ -1,7 +1,9 @@
 """Upstream's entry points besides pretraining, on both sides: finetuning, evaluation, generation, resharding.
 
 Each entry point (:data:`ENTRY_POINTS`) is one command of THUDM/GLM's own scripts
-(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC; ``scripts/finetune_seq2seq.sh``;
+(``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC, MultiRC, WSC (``--wsc-negative``), ReCoRD,
+RTE with ``--multi-token`` and with ``--few-superglue``, CLUE's AFQMC, TNEWS, CLUEWSC on a checkpoint pretrained
+with the Chinese SentencePiece tokenizer; ``scripts/finetune_seq2seq.sh``;
 ``scripts/evaluate_lm.sh`` on LAMBADA and wikitext; ``generate_samples.py``, greedy and sampled;
 ``change_mp.py``; ``scripts/convert_glm_checkpoint_to_transformers.py``; ``pretrain_glm.py --load``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
 small data written here in upstream's own formats (:func:`write_data`), from one pretrained
@@ -47,7 +49,9 @@ GENERATE_PROMPTS = ["The cat sat on the [MASK] and the dog ran.", "A big red [MA
 # What the runs print (upstream's own formats)
 FIGURE_LINES = [
     (re.compile(r"lm loss ([-+0-9.eE]+)"), "lm loss"),
-    (re.compile(r">> \|epoch: (-?\d+)\| overall: (.*)$"), "overall"),  # SuperGLUE accuracy, seq2seq ROUGE
+    # SuperGLUE accuracy, seq2seq ROUGE (tasks/eval_utils.py: "total = N" then " KEY = X.XXXX" per metric): only
+    # that, since under torchrun another rank's stderr can land on the same log line (a FutureWarning did)
+    (re.compile(r">> \|epoch: (-?\d+)\| overall: (total = \d+(?: [\w-]+ = -?\d+\.\d{4})*)"), "overall"),
     (re.compile(r"number correct: (.*)$"), "lambada"),
     (re.compile(r"avg loss: (.*)$"), "wikitext"),
     (re.compile(r"^GLM: (.*)$"), "generated"),
@@ -95,6 +99,34 @@ ENTRY_POINTS = {
         EntryPoint("wic", "finetune_glm.py, SuperGLUE WiC (cloze)",
                    "finetune_glm.py --finetune --cloze-eval --task WiC --pattern-id 0 --load-pretrained P --epochs 2",
                    "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("multirc", "finetune_glm.py, SuperGLUE MultiRC (cloze, task_multirc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task MultiRC --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev F1a, EM and accuracy per epoch"),
+        EntryPoint("wsc", "finetune_glm.py, SuperGLUE WSC (task_wsc.sh: --wsc-negative --loss-func mix, pattern 2)",
+                   "finetune_glm.py --finetune --cloze-eval --task WSC --wsc-negative --loss-func mix --length-penalty 1 "
+                   "--pattern-id 2 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("record", "finetune_glm.py, SuperGLUE ReCoRD (entity candidates, task_record.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task ReCoRD --pattern-id 0 --load-pretrained P --epochs 2",
+                   "lm loss per iteration, dev EM and F1 per epoch"),
+        EntryPoint("rte_mt", "finetune_glm.py, SuperGLUE RTE with --multi-token (the multi-token cloze model and data)",
+                   "finetune_glm.py --finetune --cloze-eval --task RTE --pattern-id 0 --multi-token --load-pretrained P "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch, test accuracy"),
+        EntryPoint("rte_few", "finetune_glm.py, SuperGLUE RTE with --few-superglue (dev from dev32.jsonl, test from val.jsonl)",
+                   "finetune_glm.py --finetune --cloze-eval --task RTE --pattern-id 0 --few-superglue --load-pretrained P "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch, test accuracy (labelled: val.jsonl)"),
+        EntryPoint("afqmc", "finetune_glm.py, CLUE AFQMC (cloze, Chinese SentencePiece, task_afqmc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task afqmc --pattern-id 0 --load-pretrained P_ZH --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("tnews", "finetune_glm.py, CLUE TNEWS (cloze, 15 labels, task_tnews.sh's pattern 0, --multi-token)",
+                   "finetune_glm.py --finetune --cloze-eval --task tnews --pattern-id 0 --multi-token --load-pretrained P_ZH "
+                   "--epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
+        EntryPoint("cluewsc", "finetune_glm.py, CLUE CLUEWSC (cloze, task_cluewsc.sh's pattern 0)",
+                   "finetune_glm.py --finetune --cloze-eval --task cluewsc --pattern-id 0 --load-pretrained P_ZH --epochs 2",
+                   "lm loss per iteration, dev accuracy per epoch"),
         EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
                    "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
                    "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
@@ -121,10 +153,26 @@ ENTRY_POINTS = {
 }
 
 
-# SuperGLUE tasks besides RTE and COPA: other data readers and patterns on the same loop, one process only
+# other data readers and patterns on the same loop, one process only
 SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
+# CLUE: the Chinese model's tokenizer flags (config_tasks/model_blocklm_large_chinese.sh), on a checkpoint
+# pretrained with them (pretrained_checkpoint(..., chinese=True)); upstream reads its SentencePiece model
+# from chinese_sentencepiece/cog-pretrain.model in the tree (THUDM/GLM ships it)
+CLUE_TASKS = ("afqmc", "tnews", "cluewsc")
+CHINESE_TOKENIZER = ["--task-mask", "--tokenizer-type", "ChineseSPTokenizer", "--fix-command-token"]
 SUPERGLUE_TASKS = {"superglue": ("RTE", "0"), "copa": ("COPA", "0"), "boolq": ("BoolQ", "4"), "cb": ("CB", "0"),
-                   "wic": ("WiC", "0")}  # entry -> (upstream's task name, --pattern-id)
+                   "wic": ("WiC", "0"), "multirc": ("MultiRC", "0"), "wsc": ("WSC", "2"),
+                   "record": ("ReCoRD", "0"), "rte_mt": ("RTE", "0"),
+                   "rte_few": ("RTE", "0"), "afqmc": ("afqmc", "0"), "tnews": ("tnews", "0"),
+                   "cluewsc": ("cluewsc", "0")}  # entry -> (upstream's task name, --pattern-id)
+# flags besides the pattern: task_wsc.sh's TRAIN_ARGS; --multi-token and --few-superglue (no config_tasks file passes
+# them; --multi-token on RTE, since COPA, WSC, MultiRC and ReCoRD's patterns are multi-token whatever it says)
+SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-penalty", "1"],
+                   "rte_mt": ["--multi-token"], "rte_few": ["--few-superglue"],
+                   # task_tnews.sh's single-token cloze stops in upstream itself, on both sides, at TNewsPVP's
+                   # verbalizer check: "AssertionError: Verbalization "居家" does not correspond to a single
+                   # token" (the shipped chinese_sentencepiece model splits it); multi-token cloze takes it
+                   "tnews": ["--multi-token"]}
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
 MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
@@ -192,6 +240,7 @@ def write_data(root: Path) -> Path:
                 row["label"] = rng.random() < 0.5
             rows.append(row)
         _jsonl(root / "WiC" / f"{split}.jsonl", rows)
+    _write_more_superglue(root)
     (root / "s2s").mkdir(parents=True, exist_ok=True)
     for split, n in (("train", 8), ("val", 4), ("test", 4)):
         sources = [" ".join(_sentence(rng, 8) for _ in range(3)) for _ in range(n)]
@@ -204,6 +253,95 @@ def write_data(root: Path) -> Path:
                                       for _ in range(20)]  # fmt: skip
     (root / "lm" / "wiki.test.tokens").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+def _write_more_superglue(root: Path) -> None:
+    """RTE's ``dev32.jsonl`` (``--few-superglue``), MultiRC, WSC (WSC-negative: with ``candidates``) and ReCoRD in SuperGLUE's JSON lines, from a generator of
+    their own (the tasks written before keep their bytes)."""
+    rng = random.Random(1)
+    rows = [{"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 5), "idx": i,
+             "label": rng.choice(["entailment", "not_entailment"])} for i in range(8)]  # fmt: skip
+    _jsonl(root / "RTE" / "dev32.jsonl", rows)  # --few-superglue's dev split (FewGLUE's name)
+    for split, n in (("train", 4), ("val", 2), ("test", 2)):
+        rows = []
+        for p in range(n):  # MultiRC: a passage, 2 questions, 2 answers each (one example per answer)
+            questions = []
+            for q in range(2):
+                answers = []
+                for a in range(2):
+                    answer = {"text": _sentence(rng, 3), "idx": a}
+                    if split != "test":
+                        answer["label"] = rng.randint(0, 1)
+                    answers.append(answer)
+                questions.append({"question": _sentence(rng, 5)[:-1] + "?", "idx": 2 * p + q, "answers": answers})
+            rows.append({"idx": p, "passage": {"text": " ".join(_sentence(rng, 7) for _ in range(3)),
+                                               "questions": questions}})  # fmt: skip
+        _jsonl(root / "MultiRC" / f"{split}.jsonl", rows)
+    nouns = ["cat", "dog", "boy", "girl", "bird", "fish"]
+    for split, n in (("train", 12), ("val", 8), ("test", 4)):
+        rows = []
+        for i in range(n):  # WSC: "The X saw the Y because it ..." with the pronoun at word 6
+            x, y, *others = rng.sample(nouns, 4)
+            words = ["The", x, "saw", "the", y, "because", "it", *(_sentence(rng, 4)[:-1].lower().split())]
+            words[-1] += "."
+            row = {"text": " ".join(words), "idx": i, "candidates": [{"text": f"the {o}"} for o in (y, *others)],
+                   "target": {"span1_text": f"The {x}", "span1_index": 0, "span2_text": "it", "span2_index": 6}}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.random() < 0.75
+            rows.append(row)
+        _jsonl(root / "WSC" / f"{split}.jsonl", rows)
+    _write_clue(root, rng)
+    names = ["Alice", "Bob", "Carol", "Dave", "Eve"]
+    for split, n in (("train", 8), ("val", 4), ("test", 4)):
+        rows = []
+        for i in range(n):  # ReCoRD: entity spans (inclusive ends) in the passage; the query's @placeholder
+            people = rng.sample(names, 3)
+            text = f"{people[0]} met {people[1]} and {people[2]}. " + _sentence(rng, 6) + "\n@highlight\n" + _sentence(rng, 4)
+            entities = [{"start": text.index(e), "end": text.index(e) + len(e) - 1} for e in people]
+            answer = rng.choice(people)
+            qa = {"query": f"@placeholder " + _sentence(rng, 4).lower(), "idx": i}
+            if split != "test":
+                qa["answers"] = [{"start": text.index(answer), "end": text.index(answer) + len(answer) - 1,
+                                  "text": answer}]  # fmt: skip
+            rows.append({"idx": i, "passage": {"text": text, "entities": entities}, "qas": [qa]})
+        _jsonl(root / "ReCoRD" / f"{split}.jsonl", rows)
+
+
+HANZI = "我你他她它们是的不在有人这中大来上国个到说时要就出会可也对生能而子那得于着下自之年过发后作里用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心本前开但因只从想实日军者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应战向头文体政美相见被利什二等产或新己制身果加西斯月话合回特代内信表化老给世位次度门任常先海通教儿原东声提立及比员解水名真论处走义各入几口认条平系气题活尔更别打女变四神总何电数安少报才结反受目太量再感建务"  # common characters
+
+
+def _hanzi(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(HANZI) for _ in range(n))
+
+
+def _write_clue(root: Path, rng: random.Random) -> None:
+    """CLUE's AFQMC, TNEWS and CLUEWSC in their own JSON lines (``{train,dev,test}.json``), Chinese text."""
+    tnews_labels = ["100", "101", "102", "103", "104", "106", "107", "108", "109", "110", "112", "113", "114", "115",
+                    "116"]  # fmt: skip
+    for split, n in (("train", 8), ("dev", 8), ("test", 4)):
+        rows = []
+        for i in range(n):
+            row = {"sentence1": _hanzi(rng, 10), "sentence2": _hanzi(rng, 10)}
+            if split != "test":
+                row["label"] = rng.choice(["0", "1"])
+            rows.append(row)
+        _jsonl(root / "afqmc" / f"{split}.json", rows)
+        rows = []
+        for i in range(n):
+            row = {"sentence": _hanzi(rng, 14), "keywords": ",".join(_hanzi(rng, 2) for _ in range(3))}
+            if split != "test":
+                row["label"] = rng.choice(tnews_labels)
+            rows.append(row)
+        _jsonl(root / "tnews" / f"{split}.json", rows)
+        rows = []
+        for i in range(n):  # the pronoun 他 at character 8, the noun at 0 (2 characters)
+            text = _hanzi(rng, 8) + "他" + _hanzi(rng, 6) + "。"
+            row = {"text": text, "idx": i, "target": {"span1_text": text[:2], "span1_index": 0, "span2_text": "他",
+                                                       "span2_index": 8}}  # fmt: skip
+            if split != "test":
+                row["label"] = rng.choice(["true", "false"])
+            rows.append(row)
+        _jsonl(root / "cluewsc" / f"{split}.json", rows)
 
 
 def _launch(side: str, script: str, mode: str = "1") -> list[str]:
@@ -222,16 +360,32 @@ def _one_process_env(env: dict) -> dict:
             "MASTER_PORT": str(up.free_port()), "TERM": "dumb"}  # fmt: skip
 
 
-def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int, iters: int = PRETRAIN_ITERS) -> Path:
+def chinese_flags(flags: list[str]) -> list[str]:
+    """``flags`` with BERT WordPiece's tokenizer flags replaced by the Chinese model's (:data:`CHINESE_TOKENIZER`)."""
+    out = list(flags)
+    for flag in ("--tokenizer-type", "--tokenizer-model-type"):
+        if flag in out:
+            i = out.index(flag)
+            del out[i:i + 2]
+    return out + CHINESE_TOKENIZER
+
+
+def pretrained_checkpoint(ported: Path, env: dict, workdir: Path, timeout: int, iters: int = PRETRAIN_ITERS,
+                          chinese: bool = False) -> Path:  # fmt: skip
     """The directory ``--load-pretrained`` takes: the migrated tree trains the tiny model
-    ``iters`` (:data:`PRETRAIN_ITERS`) iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``)."""
+    ``iters`` (:data:`PRETRAIN_ITERS`) iterations and saves it (upstream's layout: ``NAME/ITER/mp_rank_00_model_states.pt``).
+    ``chinese``: with the Chinese model's SentencePiece tokenizer (:data:`CHINESE_TOKENIZER`), for the CLUE tasks."""
     from harness.verify import EXTRA_FLAGS
 
     save = Path(workdir) / ("pretrained" if iters == PRETRAIN_ITERS else f"pretrained-{iters}")
+    if chinese:
+        save = save.with_name(save.name + "-zh")
     if save.exists():
         shutil.rmtree(save)
     flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", str(iters), "--save", str(save),
              "--experiment-name", "tiny"]  # fmt: skip
+    if chinese:
+        flags = chinese_flags(flags)
     cmd = _launch("ported", "pretrain_glm.py") + flags
     code, text = up.run_upstream(cmd, ported, _one_process_env(env), save.with_suffix(".log"), timeout)
     found = sorted(save.glob("*/latest_checkpointed_iteration.txt"))
@@ -373,11 +527,11 @@ def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, tim
     (what the ``tp2`` runs load)."""
     from harness.verify import failure_cause
 
-    copy = Path(workdir) / "pretrained-mp" / pretrained.name
+    copy = Path(workdir) / f"{pretrained.parent.name}-mp" / pretrained.name  # pretrained-mp, pretrained-zh-mp
     if copy.parent.exists():
         shutil.rmtree(copy.parent)
     shutil.copytree(pretrained, copy)
-    log = Path(workdir) / "pretrained-mp2.log"
+    log = Path(workdir) / f"{pretrained.parent.name}-mp2.log"
     code, text = up.run_upstream(_launch("ported", "change_mp.py") + [str(copy), "2"], ported, _one_process_env(env),
                                  log, timeout)  # fmt: skip
     if code != 0:
@@ -388,9 +542,11 @@ def pretrained_mp2(ported: Path, env: dict, pretrained: Path, workdir: Path, tim
 def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list[str]:
     common = [*MODEL_FLAGS, "--finetune", "--load-pretrained", str(pretrained), "--save", str(save),
               "--experiment-name", name, "--overwrite"]  # fmt: skip
+    if name in CLUE_TASKS:
+        common = chinese_flags(common)
     if name in SUPERGLUE_TASKS:
         task, pattern = SUPERGLUE_TASKS[name]
-        extra = ["--checkpoint-activations"] if name == "superglue" else []
+        extra = (["--checkpoint-activations"] if name == "superglue" else []) + SUPERGLUE_EXTRA.get(name, [])
         return [*common, "--cloze-eval", "--task", task, "--data-dir", str(data / task), "--seq-length", "64",
                 "--eval-batch-size", "4", "--save-epoch", "100000", "--lr-decay-style", "linear", "--warmup", "0.1",
                 "--weight-decay", "1.0e-1", "--pattern-id", pattern, "--save-interval", "10000", "--log-interval", "1",

@@ -47,7 +47,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness import upstream as up
-from harness.entrypoints import ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, pretrained_mp2, run_entry, write_data
+from harness.entrypoints import CLUE_TASKS, ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, pretrained_mp2, run_entry, write_data
 from harness.entrypoints import MODES as ENTRY_MODES
 from harness.entrypoints import table as entry_table
 from harness.upstream import ELAPSED, ported_env
@@ -279,20 +279,29 @@ def run_entry_points(names: list[str], original: Path, ported: Path, workdir: Pa
         failed = SideRun(1, Figures(), workdir / "pretrained.log", str(exc))
         return [EntryComparison(n, failed, failed, args.entry_rtol) for n in names]
     runs = [(name, mode) for mode in args.entry_modes for name in names if mode in ENTRY_MODES[name]]
-    checkpoints = {"1": pretrained}
+    checkpoints = {("", "1"): pretrained}
     for name, mode in tqdm(runs, desc="entry points", unit="entry", disable=None):
-        if mode not in checkpoints:
+        key = ("zh" if name in CLUE_TASKS else "", mode)  # CLUE: the checkpoint pretrained with the Chinese tokenizer
+        for need in ((key[0], "1"), key):  # the one-process checkpoint first; a tp2 one is split from it
+            if need in checkpoints:
+                continue
+            base = checkpoints.get((need[0], "1"))  # None: the Chinese one, not pretrained yet
+            if isinstance(base, up.HarnessError):
+                checkpoints[need] = base
+                continue
             try:
-                checkpoints[mode] = pretrained_mp2(ported, ported_env(), pretrained, workdir, args.timeout)
+                checkpoints[need] = (pretrained_checkpoint(ported, ported_env(), workdir, args.timeout, chinese=True)
+                                     if base is None else pretrained_mp2(ported, ported_env(), base, workdir, args.timeout))  # fmt: skip
             except up.HarnessError as exc:
-                checkpoints[mode] = exc
-        if isinstance(checkpoints[mode], up.HarnessError):
-            failed = SideRun(1, Figures(), workdir / "pretrained-mp2.log", str(checkpoints[mode]))
+                checkpoints[need] = exc
+        if isinstance(checkpoints[key], up.HarnessError):
+            log = workdir / {("", "tp2"): "pretrained-mp2.log", ("zh", "1"): "pretrained-zh.log"}.get(key, "pretrained-zh-mp2.log")
+            failed = SideRun(1, Figures(), log, str(checkpoints[key]))
             results.append(EntryComparison(name, failed, failed, args.entry_rtol, mode))
         else:
-            theirs = run_entry(name, "original", original, up.mock_env(""), data, checkpoints[mode], workdir,
+            theirs = run_entry(name, "original", original, up.mock_env(""), data, checkpoints[key], workdir,
                                args.timeout, mode)  # fmt: skip
-            ours = run_entry(name, "ported", ported, ported_env(), data, checkpoints[mode], workdir, args.timeout, mode)
+            ours = run_entry(name, "ported", ported, ported_env(), data, checkpoints[key], workdir, args.timeout, mode)
             results.append(EntryComparison(name, theirs, ours, args.entry_rtol, mode))
         tqdm.write(entry_table(results[-1]) + "\n")
     return results

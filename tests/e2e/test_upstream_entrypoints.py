@@ -29,6 +29,17 @@ def pretrained_mp2(trees, inputs):
     return entrypoints.pretrained_mp2(trees[1], verify.ported_env(), pretrained, workdir, 900)
 
 
+@pytest.fixture(scope="module")
+def pretrained_zh(trees, inputs):
+    """The tiny model pretrained with the Chinese SentencePiece tokenizer (the CLUE tasks load it)."""
+    return entrypoints.pretrained_checkpoint(trees[1], verify.ported_env(), inputs[2], 900, chinese=True)
+
+
+@pytest.fixture(scope="module")
+def pretrained_zh_mp2(trees, inputs, pretrained_zh):
+    return entrypoints.pretrained_mp2(trees[1], verify.ported_env(), pretrained_zh, inputs[2], 900)
+
+
 RUNS = [(n, m) for m in ("1", "tp2") for n in entrypoints.ENTRY_POINTS if m in entrypoints.MODES[n] and n != "resume"]
 
 
@@ -37,8 +48,11 @@ RUNS = [(n, m) for m in ("1", "tp2") for n in entrypoints.ENTRY_POINTS if m in e
 def test_entry_point_gives_the_originals_figures(trees, inputs, request, name, mode):
     original, ported = trees
     data, pretrained, workdir = inputs
+    chinese = "_zh" if name in entrypoints.CLUE_TASKS else ""  # CLUE: pretrained with the Chinese tokenizer
     if mode == "tp2":
-        pretrained = request.getfixturevalue("pretrained_mp2")
+        pretrained = request.getfixturevalue(f"pretrained{chinese}_mp2")
+    elif chinese:
+        pretrained = request.getfixturevalue("pretrained_zh")
     theirs = entrypoints.run_entry(name, "original", original, harness.mock_env(""), data, pretrained, workdir, 900, mode)
     ours = entrypoints.run_entry(name, "ported", ported, verify.ported_env(), data, pretrained, workdir, 900, mode)
     comparison = entrypoints.EntryComparison(name, theirs, ours, rtol=1e-6, mode=mode)

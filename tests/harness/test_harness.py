@@ -135,6 +135,42 @@ def test_entry_point_data_is_written_in_upstreams_formats_the_same_every_time(tm
     assert " = Title = " in (root / "lm" / "wiki.test.tokens").read_text()
 
 
+def test_more_superglue_and_clue_data_hold_what_upstreams_readers_check(tmp_path):
+    root = entrypoints.write_data(tmp_path)
+    rows = lambda task, name: [json.loads(x) for x in (root / task / name).read_text(encoding="utf-8").splitlines()]  # noqa: E731
+    multirc = rows("MultiRC", "val.jsonl")[0]  # passage -> questions -> answers, labels 0/1 on the answers
+    answer = multirc["passage"]["questions"][0]["answers"][0]
+    assert {"text", "idx", "label"} <= set(answer) and answer["label"] in (0, 1)
+    assert "label" not in rows("MultiRC", "test.jsonl")[0]["passage"]["questions"][0]["answers"][0]
+    for wsc in rows("WSC", "train.jsonl"):  # WscProcessor asserts the pronoun is at span2_index
+        words, target = wsc["text"].split(), wsc["target"]
+        assert words[target["span2_index"]] == target["span2_text"]
+        assert " ".join(words[target["span1_index"]:][:2]) == target["span1_text"] and wsc["candidates"]
+    for record in rows("ReCoRD", "val.jsonl"):  # entity ends are inclusive; answers are entities
+        text = record["passage"]["text"]
+        entities = {text[e["start"]:e["end"] + 1] for e in record["passage"]["entities"]}
+        assert "@placeholder" in record["qas"][0]["query"]
+        assert {a["text"] for a in record["qas"][0]["answers"]} <= entities
+    assert rows("RTE", "dev32.jsonl")[0]["label"] in ("entailment", "not_entailment")  # --few-superglue's dev split
+    for task in ("afqmc", "tnews", "cluewsc"):  # CLUE: {train,dev,test}.json
+        assert "label" in rows(task, "dev.json")[0] and "label" not in rows(task, "test.json")[0]
+    for wsc in rows("cluewsc", "train.json"):  # character indices
+        target = wsc["target"]
+        assert wsc["text"][target["span2_index"]] == target["span2_text"]
+        assert wsc["text"][target["span1_index"]:].startswith(target["span1_text"])
+    flags = entrypoints.chinese_flags(entrypoints.MODEL_FLAGS)
+    assert "BertWordPieceTokenizer" not in flags and flags[-3:-1] == ["--tokenizer-type", "ChineseSPTokenizer"]
+    assert "--tokenizer-model-type" not in flags and "--task-mask" in flags and "--fix-command-token" in flags
+
+
+def test_overall_figure_stops_where_another_ranks_output_runs_into_its_line():
+    line = (" >> |epoch: 0| overall: total = 8 f1a = 0.5455 em = 0.2500 acc = 37.5000/tmp/GLM/model/downstream.py:122: "
+            "FutureWarning: Positional args are being deprecated")
+    figures = entrypoints.Figures()
+    entrypoints.read_figures(line, figures)
+    assert figures.items == [("overall", "0 total = 8 f1a = 0.5455 em = 0.2500 acc = 37.5000")]
+
+
 def test_entry_point_figures_are_read_from_upstreams_lines():
     text = "\n".join([
         " iteration        2/       8 | elapsed time per iteration (ms): 313.5 | learning rate 8.500E-05 | lm loss 5.872517E-01 |",
