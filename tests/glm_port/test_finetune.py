@@ -505,21 +505,10 @@ def test_an_embedded_model_without_data_says_so(tmp_path, capsys, monkeypatch):
     assert "chatglm2-tiny (random weights) learns the embedded task" in out
 
 
-def test_evaluation_search_flags_reach_generate(tmp_path, monkeypatch, capsys):
+def test_evaluation_search_flags_reach_generate(tmp_path, generate_calls, capsys):
     """--length_penalty, --num_beams, --no_repeat_ngram_size, --min_tgt_length (and with --select_topk:
     --top_k/--top_p/--temperature) arrive in generate's arguments during evaluation and prediction."""
-    from transformers import GenerationMixin
-
-    calls, real = [], GenerationMixin.generate
-
-    def spy(self, *args, **kwargs):
-        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
-        if kwargs.get("generation_config") is not None:
-            seen.update(kwargs["generation_config"].to_diff_dict())
-        calls.append(seen)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    calls = generate_calls
     base = _glm_directory(tmp_path / "base")
     data = str(_pairs_file(tmp_path / "t.json", count=3))
     common = ["--model_name_or_path", str(base), "--eval_file", data, "--test_file", data, "--do_eval",
@@ -675,7 +664,6 @@ def test_a_bf16_glm_directory_trains_fp32_masters_and_is_saved_in_bf16(tmp_path)
     from glm_port import GLMForConditionalGeneration
     from glm_port.finetune.arguments import parse_args
     from glm_port.finetune.run import save_model, setup, train
-    from glm_port.models.glm.finetune import encode
     from glm_port.finetune.datasets import read_pairs
 
     base = _glm_directory(tmp_path / "fp32")

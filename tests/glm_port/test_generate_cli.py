@@ -163,28 +163,10 @@ def test_marked_form_shows_no_pad(checkpoint):
         assert record["marked"].startswith("[CLS] ") and record["marked"].endswith("<|endofpiece|>")
 
 
-def spy_generate(monkeypatch) -> list[dict]:
-    """Every ``GenerationMixin.generate`` call's search settings (its keyword arguments, and the fields of a
-    ``generation_config`` passed in); the calls go on to the real ``generate``."""
-    from transformers import GenerationMixin
-
-    calls, real = [], GenerationMixin.generate
-
-    def spy(self, *args, **kwargs):
-        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
-        if kwargs.get("generation_config") is not None:
-            seen.update(kwargs["generation_config"].to_diff_dict())
-        calls.append(seen)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationMixin, "generate", spy)
-    return calls
-
-
-def test_search_flags_reach_generate(checkpoint, monkeypatch):
+def test_search_flags_reach_generate(checkpoint, generate_calls):
     """--length-penalty (and the other search flags) arrive in generate's arguments, not just in the parsed
     arguments: the parallel-vs-one-process tests share the kwargs builder and would not see them dropped."""
-    calls = spy_generate(monkeypatch)
+    calls = generate_calls
     run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "--num-beams", "3", "--length-penalty",
          "0.37", "--no-repeat-ngram-size", "2", "--min-new-tokens", "1", "--num-return-sequences", "2", "a [MASK]"])
     assert calls and all(c.get("length_penalty") == 0.37 and c.get("num_beams") == 3 and
@@ -197,8 +179,8 @@ def test_search_flags_reach_generate(checkpoint, monkeypatch):
                          c.get("temperature") == 0.83 for c in calls), calls
 
 
-def test_repetition_penalty_reaches_glm_generate_and_stop_is_refused(checkpoint, monkeypatch, capsys):
-    calls = spy_generate(monkeypatch)
+def test_repetition_penalty_reaches_glm_generate_and_stop_is_refused(checkpoint, generate_calls, capsys):
+    calls = generate_calls
     run(["--model", str(checkpoint), "--json", "--max-new-tokens", "3", "--repetition-penalty", "1.4", "a [MASK]"])
     assert calls and all(c.get("repetition_penalty") == 1.4 for c in calls), calls
     calls.clear()

@@ -125,20 +125,9 @@ def test_replies_end_at_the_stop_token(format_, stop, tiny):
     assert finetune.generate(model, tok, samples, search, 2, "cpu") == [expected, expected]
 
 
-def test_glm_chat_sampling_flags_reach_generate(monkeypatch, capsys):
+def test_glm_chat_sampling_flags_reach_generate(generate_calls, capsys):
     """glm-chat's --top-p and --temperature arrive in generate's arguments; --greedy turns sampling off."""
-    from transformers import GenerationMixin
-
-    calls, real = [], GenerationMixin.generate
-
-    def spy(self, *args, **kwargs):
-        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
-        if kwargs.get("generation_config") is not None:
-            seen.update(kwargs["generation_config"].to_diff_dict())
-        calls.append(seen)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    calls = generate_calls
     assert chat_main(["--max-new-tokens", "2", "--top-p", "0.37", "--temperature", "0.55", "--seed", "0",
                       "--device", "cpu", "--prompt", "你好"]) in (0, None)
     assert calls and all(c.get("top_p") == 0.37 and c.get("temperature") == 0.55 and c.get("do_sample", True)
@@ -148,24 +137,8 @@ def test_glm_chat_sampling_flags_reach_generate(monkeypatch, capsys):
     assert calls and all(c.get("do_sample") is False for c in calls), calls
 
 
-def _spy_generate(monkeypatch):
-    from transformers import GenerationMixin
-
-    calls, real = [], GenerationMixin.generate
-
-    def spy(self, *args, **kwargs):
-        seen = {k: v for k, v in kwargs.items() if k != "generation_config"}
-        if kwargs.get("generation_config") is not None:
-            seen.update(kwargs["generation_config"].to_diff_dict())
-        calls.append(seen)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationMixin, "generate", spy)
-    return calls
-
-
-def test_glm_chat_top_k_repetition_penalty_and_stop_reach_generate(monkeypatch):
-    calls = _spy_generate(monkeypatch)
+def test_glm_chat_top_k_repetition_penalty_and_stop_reach_generate(generate_calls):
+    calls = generate_calls
     assert chat_main(["--max-new-tokens", "2", "--top-k", "7", "--repetition-penalty", "1.3", "--stop", "STOP",
                       "--stop", "。", "--seed", "0", "--device", "cpu", "--prompt", "你好"]) in (0, None)
     assert calls and all(c.get("top_k") == 7 and c.get("repetition_penalty") == 1.3
@@ -211,13 +184,14 @@ def test_glm_chat_help_shows_the_sampling_flags_defaults(capsys):
 
 
 @pytest.mark.parametrize("chat_format", ["chatglm2", "chatglm3"])
-def test_glm_chat_history_keeps_the_reply_cut_at_the_stop(chat_format, capsys, monkeypatch):
+def test_glm_chat_history_keeps_the_reply_cut_at_the_stop(chat_format, capsys, generate_calls):
     """With --no-cache-reuse the next turn re-encodes the history: it holds the reply up to the stop string."""
     import re
 
     reply = _reply(capsys, "--chat-format", chat_format)
     stop = re.search(r"(?<=.)[A-Za-z]{3,}", reply)[0]
-    calls = _spy_generate(monkeypatch)
+    calls = generate_calls
+    calls.clear()  # only the run below
     assert chat_main(["--max-new-tokens", "24", "--greedy", "--device", "cpu", "--chat-format", chat_format,
                       "--no-cache-reuse", "--stop", stop, "--prompt", "hello world", "--prompt", "again"]) in (0, None)
     from glm_port.models.chatglm2.tiny import build_tokenizer

@@ -99,16 +99,8 @@ def test_pipeline_parallel_is_refused_before_anything_starts_or_loads(model_dir,
                       "pipeline parallelism (layers split into stages)")
 
 
-def test_glm_generate_repetition_penalty_top_k_and_stop_reach_generate(model_dir, monkeypatch):
-    from transformers import GenerationMixin
-
-    calls, real = [], GenerationMixin.generate
-
-    def spy(self, *args, **kwargs):
-        calls.append(kwargs)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationMixin, "generate", spy)
+def test_glm_generate_repetition_penalty_top_k_and_stop_reach_generate(model_dir, generate_calls):
+    calls = generate_calls
     args = ["--model", str(model_dir), "--max-new-tokens", "3", "--do-sample", "--top-k", "5", "--seed", "0",
             "--repetition-penalty", "1.25", "--stop", "x", "--stop", "。", "你好"]
     run(build_parser().parse_args(args), io.StringIO(), io.StringIO())
