@@ -382,14 +382,20 @@ def lora_worker(variant: str, batch: int, args) -> dict:
     return {"variant": variant, "batch": batch, "samples_s": batch * args.lora_steps / elapsed, "loss": first_loss}
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_shape_arguments(parser) -> None:
+    """The model shape (a preset, each size overridable), prompt, new tokens and batches: this bench's and
+    bench.quantized's."""
     parser.add_argument("--preset", choices=PRESETS, default="6b-4layers")
     for name in ("layers", "hidden", "ffn", "heads", "groups", "kv_channels", "vocab"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
                         help="default: glm_port, packed and transformers (and compiled off the CPU), plus thudm when "
                              "CHATGLM2_CODE is set, plus chatglm_cpp_f32/f16 on the CPU when CHATGLM_CPP_PYTHON is "

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench._measure import print_cpu_line
 from bench.chatglm2 import (
-    PRESETS,
+    add_shape_arguments,
     ROOT,
     THUDM_FILES,
     cpp_worker,
@@ -200,12 +200,7 @@ def products(args) -> None:
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=PRESETS, default="6b-4layers")
-    for name in ("layers", "hidden", "ffn", "heads", "groups", "kv_channels", "vocab"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--prompt", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    add_shape_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=(*OURS, *CPP), default=None,
                         help="default: fp32 bf16 int8 int4, plus cpp_q8_0 cpp_q4_0 when CHATGLM_CPP_PYTHON and "
                              "CHATGLM2_CODE are set")
