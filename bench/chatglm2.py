@@ -456,7 +456,8 @@ def _variants(args) -> list[str] | None:
 
 def _run(command, what: str):
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
     if done.returncode != 0:
         print(f"bench.chatglm2: {what} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
         return None

@@ -61,6 +61,11 @@ class Clock:
         return max(0.0, self.deadline - time.monotonic())
 
 
+def python_path() -> str:
+    """The repository first, then whatever PYTHONPATH already holds (wheels unpacked beside it on a GPU box)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 def run(command: list[str], clock: Clock, log: Path, env: dict | None = None) -> tuple[int, str]:
     """Run ``command`` from the repository root within the budget; its output goes to ``log``."""
     timeout = clock.left()
@@ -69,7 +74,7 @@ def run(command: list[str], clock: Clock, log: Path, env: dict | None = None) ->
         return -1, "not run: the budget was spent"
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                              env={**os.environ, "PYTHONPATH": python_path(), **(env or {})})
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         code = -1
@@ -125,7 +130,11 @@ def train(args, clock: Clock, workdir: Path) -> list[dict]:
     run([sys.executable, "-m", "bench.pretrain", *shape, *iters, *data, "--batch-sizes", "16", "32",
          "--precisions", "half", "--runners", "glm_port", "--workdir", str(workdir / "pretrain"), "--json", str(mfu)],
         clock, workdir / "train-mfu.log")
-    for record in _read(mfu) or []:
+    records = _read(mfu)
+    if records is None:  # cut by the budget or failed: say so rather than leave the goals out of the table
+        return rows + [_row("train", f"GLM-Large b{batch} bf16 MFU", "failed or not run (train-mfu.log)",
+                            f">= {goal:.0%}") for batch, goal in ((16, 0.50), (32, 0.55))]
+    for record in records:
         goal = {16: 0.50, 32: 0.55}.get(record["batch"])
         label = f"GLM-Large b{record['batch']} bf16 MFU"
         if not record["ok"] or record.get("mfu") is None:

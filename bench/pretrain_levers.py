@@ -28,6 +28,7 @@ from tqdm import tqdm
 import shim as torch
 import shim.nn.functional as F
 from glm_port import GLMConfig, GLMModel, data
+from glm_port.pretrain_glm import compile_mode_by_default
 from glm_port.training import OptimizerSettings, Precision, build_optimizer, lm_loss
 from bench._measure import print_cpu_line
 from bench.pretrain import SHAPES, add_data_arguments, corpus_for, resolve_data
@@ -105,7 +106,7 @@ def prepare(config, levers: Levers, device, dtype, compile_layers: bool = False)
     torch.manual_seed(0)
     model = GLMModel(config.replace(attention_impl=levers.attention)).to(device).train()
     if compile_layers:
-        model.transformer.compile_layers()
+        model.transformer.compile_layers(mode=compile_mode_by_default(device))  # as glm-pretrain compiles
     optimizer, _ = build_optimizer(model, OptimizerSettings(lr=1e-4, warmup=0.0, decay_iters=10**6))
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = (True, False) if levers.fused_adamw else (False, True)
@@ -155,6 +156,7 @@ def time_levers(config, batches, levers: Levers, device, dtype, steps: int, warm
             if profiler is not None and i == warmup:
                 profiler.start()
             start = time.perf_counter()
+            torch.compiler.cudagraph_mark_step_begin()  # a new step for layers replayed as CUDA graphs
             step(model, batch, optimizer, precision, levers)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -214,7 +216,8 @@ def main(argv=None) -> None:
             profiler = torch.profiler.profile(activities=activities)
             time_levers(config, itertools.cycle(batches), STEPS[-1][1], device, dtype, args.steps, args.warmup,
                         profiler, compile_layers=args.compile)  # fmt: skip
-            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+            key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            print(profiler.key_averages().table(sort_by=key, row_limit=25))
 
 
 if __name__ == "__main__":

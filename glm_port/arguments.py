@@ -212,9 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                        help="torch.compile each transformer layer (regional compilation; the first iteration then "
                        "compiles, and its time is printed). Default: on when training on a CUDA device (GLM-Large "
-                       "bf16 on an H200: 2.66x the original's iteration rate compiled against 1.69x eager, "
-                       "docs/performance.md), off elsewhere (on CPU it measured slower than eager); --no-compile "
+                       "bf16 batch 8 on an H100, with --compile-mode's CUDA default: 3.17x the original's --fp16 "
+                       "iteration rate, docs/performance.md), off elsewhere (on CPU it measured slower than eager); --no-compile "
                        "runs eager everywhere")
+    train.add_argument("--compile-mode", default=None,
+                       choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                       help="torch.compile's mode for the layers. Default: reduce-overhead on a CUDA device (each "
+                       "compiled layer replayed as a CUDA graph: the step no longer waits on Python's kernel "
+                       "launches), default elsewhere")
 
     valid = parser.add_argument_group("validation")
     valid.add_argument("--eval-interval", type=int, default=1000,

@@ -193,6 +193,12 @@ def compile_by_default(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def compile_mode_by_default(device) -> str:
+    """torch.compile's mode when --compile-mode is not given: CUDA graphs on a CUDA device, where a GLM-Large
+    step measured bound by kernel launches (docs/performance.md), inductor's default elsewhere."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
 def setup(args) -> Run:
     """Everything before the first step; bad input fails here, before anything is written."""
     if args.local_rank is not None:  # older launchers pass --local_rank instead of setting LOCAL_RANK
@@ -217,10 +223,11 @@ def setup(args) -> Run:
     if args.compile is None:
         args.compile = compile_by_default(env.device)
     if args.compile:
-        model.transformer.compile_layers()
-        notes.append(f" > torch.compile: each of the {len(model.transformer.layers)} layers is compiled during the "
-                     "first iteration" + (" (the CUDA default; --no-compile runs eager)"
-                                          if env.device.type == "cuda" else ""))
+        mode = args.compile_mode or compile_mode_by_default(env.device)
+        model.transformer.compile_layers(mode=mode)
+        notes.append(f" > torch.compile (mode {mode}): each of the {len(model.transformer.layers)} layers is compiled "
+                     "during the first iteration" + (" (the CUDA default; --no-compile runs eager)"
+                                                     if env.device.type == "cuda" else ""))
     decay_iters = args.lr_decay_iters or args.train_iters
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(
         lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,

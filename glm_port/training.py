@@ -181,6 +181,9 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
     ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
     env = env or ParallelEnv(precision.device)
+    # A new step for layers compiled as CUDA graphs (mode reduce-overhead): last step's graph outputs may be
+    # reused. Nothing else notices it.
+    torch.compiler.cudagraph_mark_step_begin()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for i, batch in enumerate(microbatches):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import shim.distributed as sdist
+from glm_port.models.chatglm2.config import CACHE_KWARG as CACHE  # "cache", or "past_key_values" before transformers 5.2x
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SMALL = dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, kv_channels=16, num_attention_heads=4,
@@ -66,7 +67,7 @@ def check_decoding_with_cache():
         assert torch.equal(split.generate(ids, **kw), whole.generate(ids, **kw))
         a, b = whole(ids, use_cache=True), split(ids, use_cache=True)
         token = a.logits[:, -1:].argmax(-1)
-        torch.testing.assert_close(split(token, cache=b.cache).logits, whole(token, cache=a.cache).logits, **TOL)
+        torch.testing.assert_close(split(token, cache=getattr(b, CACHE)).logits, whole(token, cache=getattr(a, CACHE)).logits, **TOL)
 
 
 def check_without_multi_query_attention():
@@ -200,9 +201,9 @@ def tp4_decoding_with_cache():
     with torch.no_grad():
         assert torch.equal(split.generate(ids, **kw), whole.generate(ids, **kw))
         a, b = whole(ids, use_cache=True), split(ids, use_cache=True)
-        assert b.cache.layers[0].keys.shape == (2, 1, 8, 16)  # one key/value group on each rank
+        assert getattr(b, CACHE).layers[0].keys.shape == (2, 1, 8, 16)  # one key/value group on each rank
         token = a.logits[:, -1:].argmax(-1)
-        torch.testing.assert_close(split(token, cache=b.cache).logits, whole(token, cache=a.cache).logits, **TOL)
+        torch.testing.assert_close(split(token, cache=getattr(b, CACHE)).logits, whole(token, cache=getattr(a, CACHE)).logits, **TOL)
 
 
 def tp4_gradients_and_clipped_norm():

@@ -8,7 +8,7 @@ import pytest
 from glm_port.arguments import parse_args
 from glm_port.models.glm.model import GLMTransformer
 from glm_port import pretrain_glm
-from glm_port.pretrain_glm import compile_by_default, main, model_config
+from glm_port.pretrain_glm import compile_by_default, compile_mode_by_default, main, model_config
 from glm_port.training import log_line
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
@@ -129,6 +129,15 @@ def test_compile_flag_compiles_the_layers(monkeypatch, capsys):
     monkeypatch.setattr(GLMTransformer, "compile_layers", lambda self, **options: compiled.append(len(self.layers)))
     assert run(capsys, "--train-iters", "1", "--compile")
     assert compiled == [1]
+
+
+def test_compile_mode_is_cuda_graphs_on_cuda_and_can_be_chosen(monkeypatch, capsys):
+    assert compile_mode_by_default("cuda:0") == "reduce-overhead" and compile_mode_by_default("cpu") == "default"
+    modes = []
+    monkeypatch.setattr(GLMTransformer, "compile_layers", lambda self, **options: modes.append(options["mode"]))
+    assert run(capsys, "--train-iters", "1", "--compile")
+    assert run(capsys, "--train-iters", "1", "--compile", "--compile-mode", "max-autotune-no-cudagraphs")
+    assert modes == ["default", "max-autotune-no-cudagraphs"]
 
 
 def test_compile_is_the_cuda_default_and_no_compile_turns_it_off(monkeypatch, capsys):

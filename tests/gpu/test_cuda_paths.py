@@ -12,6 +12,7 @@ from glm_port.training import OptimizerSettings, Precision, build_optimizer, tra
 from shim.ops.bias_act import fused_bias_add_gelu
 from shim.ops.bias_dropout import fused_bias_add_dropout
 from shim.ops.cross_entropy import sparse_softmax_cross_entropy
+from glm_port.models.chatglm2.config import CACHE_KWARG as CACHE  # "cache", or "past_key_values" before transformers 5.2x
 
 pytestmark = pytest.mark.gpu
 
@@ -107,8 +108,8 @@ def test_cached_decoding_gives_the_full_forward(device):
     with torch.no_grad():
         full = model(ids, use_cache=False).logits
         first = model(ids[:, :5], use_cache=True)
-        chunk = model(ids[:, 5:9], cache=first.cache, use_cache=True)
-        last = [model(ids[:, i:i + 1], cache=chunk.cache, use_cache=True).logits for i in range(9, 12)]
+        chunk = model(ids[:, 5:9], cache=getattr(first, CACHE), use_cache=True)
+        last = [model(ids[:, i:i + 1], cache=getattr(chunk, CACHE), use_cache=True).logits for i in range(9, 12)]
     # On a GPU the prompt, the chunk and the single-token steps run different SDPA kernels (and the
     # single-token step folds a group's heads into the query dim): equal up to kernel rounding in fp32.
     torch.testing.assert_close(torch.cat([first.logits, chunk.logits, *last], 1), full, rtol=1e-4, atol=1e-4)

@@ -22,6 +22,7 @@ from glm_port.models.chatglm2.chat import (
     PromptTooLong, build_inputs, build_stream_inputs, process_chatglm3_response, process_response, stop_ids,
 )
 from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer, as_messages
+from glm_port.models.chatglm2.config import CACHE_KWARG as CACHE  # "cache", or "past_key_values" before transformers 5.2x
 
 QUERIES = ["你好", "晚上好", "今天天气很好，我们去公园散步吧。"]
 
@@ -93,7 +94,7 @@ def test_cached_turns_equal_one_prefill_of_the_same_ids(pair):
         fed = context + reply[:-1]
         history = history + [(query, response)]
     with torch.no_grad():  # and the cache holds what one forward pass over those ids computes
-        whole = model(torch.tensor([fed]), use_cache=True).cache
+        whole = getattr(model(torch.tensor([fed]), use_cache=True), CACHE)
     for ours, fresh in zip(past.layers, whole.layers, strict=True):
         torch.testing.assert_close(ours.keys, fresh.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.values, fresh.values, atol=1e-5, rtol=1e-5)
@@ -142,7 +143,8 @@ def test_past_options(tiny):
 def test_a_past_too_long_is_refused(tiny):
     model, tok = tiny
     with torch.no_grad():
-        past = model(torch.randint(3, 900, (1, 505)), use_cache=True, cache=DynamicCache(config=model.config)).cache
+        past = model(torch.randint(3, 900, (1, 505)), use_cache=True, cache=DynamicCache(config=model.config))
+        past = getattr(past, CACHE)
     with pytest.raises(PromptTooLong, match=r"^505 cached \+ \d+ new tokens does not fit the model's seq_length "
                                             r"\(512\)$"):
         next(model.stream_chat(tok, "晚上好", [("你好", "你好！")], past_key_values=past))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from glm_port.models.chatglm2 import ChatGLM2Config, ChatGLM2ForCausalLM
 from glm_port.models.chatglm2.model import num_parameters_expected
+from glm_port.models.chatglm2.config import CACHE_KWARG as CACHE  # "cache", or "past_key_values" before transformers 5.2x
 
 
 def test_parameter_names_are_thudms(model):
@@ -38,11 +39,11 @@ def test_cache_gives_the_full_forward(model):
     with torch.no_grad():
         full = model(ids, use_cache=False).logits
         first = model(ids[:, :5], use_cache=True)
-        chunk = model(ids[:, 5:9], cache=first.cache, use_cache=True)  # several tokens after a cache
-        last = [model(ids[:, i:i + 1], cache=chunk.cache, use_cache=True).logits for i in range(9, 12)]
+        chunk = model(ids[:, 5:9], cache=getattr(first, CACHE), use_cache=True)  # several tokens after a cache
+        last = [model(ids[:, i:i + 1], cache=getattr(chunk, CACHE), use_cache=True).logits for i in range(9, 12)]
     torch.testing.assert_close(torch.cat([first.logits, chunk.logits, *last], 1), full, atol=1e-5, rtol=1e-5)
     # the cache holds the key/value groups only, not one copy per query head
-    k = chunk.cache.layers[0].keys
+    k = getattr(chunk, CACHE).layers[0].keys
     assert k.shape == (2, 2, 12, 16)
 
 

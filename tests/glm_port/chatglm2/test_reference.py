@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from glm_port.models.chatglm2.config import CACHE_KWARG as CACHE  # "cache", or "past_key_values" before transformers 5.2x
 
 CODE = os.environ.get("CHATGLM2_CODE")
 pytestmark = pytest.mark.skipif(
@@ -71,14 +72,14 @@ def test_decoding_with_cache_matches_thudm(make_model):
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         a, b = ours(ids, use_cache=True), theirs(ids, use_cache=True)
-        cache, past = a.cache, b.past_key_values
+        cache, past = getattr(a, CACHE), b.past_key_values
         for step in range(5):
             token = a.logits[:, -1:].argmax(-1)
             assert torch.equal(token, b.logits[:, -1:].argmax(-1))
             position = torch.tensor([[ids.shape[1] + step]])
             a = ours(token, position_ids=position, cache=cache, use_cache=True)
             b = theirs(token, position_ids=position, past_key_values=past, use_cache=True)
-            cache, past = a.cache, b.past_key_values
+            cache, past = getattr(a, CACHE), b.past_key_values
             torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
     assert past[0][0].shape == (12, 1, 2, 16)  # THUDM's cache: [s, b, groups, d]; ours is the same data
     torch.testing.assert_close(cache.layers[0].keys.permute(2, 0, 1, 3), past[0][0])
