@@ -2,6 +2,8 @@
 
 A family registers its config class and model class here. Shared pieces (training loop, checkpoint I/O,
 generation, finetuning) take any registered family; nothing here imports a family until it is asked for.
+The commands reach a family only through this module (``family_at``, ``family_for``, ``FAMILIES``,
+``Family.load``, ``Family.binding``; what each binding provides: ``contract.py``), never a family's modules.
 """
 
 from __future__ import annotations
