@@ -6,6 +6,10 @@ blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``, ``generation`` is `
 
 ``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference, on transformers) import on first use,
 so training never pays for importing transformers.
+
+This public re-export of GLM's classes is the one place outside ``glm_port.models`` that names a family's
+modules (allowed by name in ``tests/test_architecture.py``); the commands reach every family through the
+registry's contract (``glm_port.models``; docs/architecture.md, "The family contract").
 """
 
 from glm_port.models.glm import GLMConfig, GLMModel

@@ -11,6 +11,10 @@ or Ctrl-C) quits. Ctrl-C while a reply streams stops that reply and brings the p
 as before the turn. ``--temperature 0`` is greedy, as ``--greedy``. A line that is not UTF-8 is refused
 with one line and the chat goes on; bad options are one line on stderr, exit status 2, before anything loads.
 
+The model's family is reached through the registry only (``glm_port.models``): a directory's family
+(``family_at``) and its ``conversation`` binding (``glm_port.models.contract.ConversationBinding``: load,
+``stream_chat``, the chat formats); the embedded model is the default family's ``tiny`` binding.
+
 The key/value cache is kept from turn to turn (THUDM's ``stream_chat(past_key_values=...)``), so a turn
 prefills only its own tokens; ``/clear`` drops it. ``--no-cache-reuse`` prefills the whole conversation,
 re-encoded from the history's text, every turn instead. A turn that no longer fits the model's
@@ -29,11 +33,43 @@ import torch
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument, parse_dtype
 from glm_port.generation.text import bad_utf8, tolerant_stdin
-from glm_port.models.chatglm2.chat import DEFAULTS, PromptTooLong, is_chatglm3, stream_chat
-from glm_port.models.chatglm2.tokenizer import CHAT_FORMATS, ROLE_TOKENS, detect_chat_format
+from glm_port.models import FAMILIES, TINY_FAMILY, WeightsError, family_at, family_for
+
+
+def chat_family(model_dir):
+    """The family glm-chat talks to for ``model_dir`` (None: the embedded model's): the directory's family
+    (``family_at``) where it has a ``conversation`` binding; else the embedded model's family, whose loader then
+    names in one line what is wrong with the directory (not a directory, another family's, not JSON...)."""
+    if model_dir is not None:
+        try:
+            family = family_at(model_dir)
+        except ValueError:  # not JSON, an unknown model type: the loader's own message says it
+            family = None
+        if family is not None and family.conversation is not None:
+            return family
+    return FAMILIES[TINY_FAMILY]
+
+
+def conversation_of(model):
+    """The ``conversation`` binding of ``model``'s family (its config's ``model_type``)."""
+    return family_for(model.config.model_type).binding("conversation")
+
+
+def chat_formats() -> tuple[str, ...]:
+    """Every chat format a family's ``conversation`` binding speaks (``--chat-format``'s choices)."""
+    formats = [f for family in FAMILIES.values() if family.conversation is not None
+               for f in family.binding("conversation").CHAT_FORMATS]
+    return tuple(dict.fromkeys(formats))
+
+
+def stream_chat(model, tokenizer, query, history=None, **kwargs):
+    """``model``'s family's ``stream_chat`` (its ``conversation`` binding): yields ``(response, history)``, with
+    the past key/values third when ``return_past_key_values``."""
+    return conversation_of(model).stream_chat(model, tokenizer, query, history, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    DEFAULTS = FAMILIES[TINY_FAMILY].binding("conversation").DEFAULTS  # the embedded model's family's (THUDM's)
     parser = argparse.ArgumentParser(
         prog="glm-chat",
         description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated, in the "
@@ -43,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
                         "embedded random-init tiny model, built on the fly with no downloads")
-    parser.add_argument("--chat-format", choices=CHAT_FORMATS, default=None,
+    parser.add_argument("--chat-format", choices=chat_formats(), default=None,
                         help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
                         "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
                         "embedded model")
@@ -100,23 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
 def load(model_dir, device="cpu", dtype=None, chat_format=None):
     """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
     ``chat_format`` None: the directory's own (the embedded model: chatglm2)."""
+    family = chat_family(model_dir)
     if model_dir is None:
-        from glm_port.models.chatglm2.tiny import build_tiny
-
-        model, tokenizer = build_tiny(chat_format=chat_format or "chatglm2")
+        model, tokenizer = family.binding("tiny").build_tiny(**({"chat_format": chat_format} if chat_format else {}))
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
-    from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
-
-    config = check_directory(model_dir, quantized=True)  # family, shards, weight names before tokenizer and weights
-    if chat_format == "chatglm3" and detect_chat_format(model_dir) != "chatglm3":
-        # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
-        raise WeightsError(f"--chat-format chatglm3: {model_dir}'s tokenizer is ChatGLM2's, which has no "
-                           f"{'/'.join(ROLE_TOKENS)} tokens (use --chat-format chatglm2, or a ChatGLM3 directory)")
-    tokenizer = load_tokenizer(model_dir, chat_format=chat_format)
-    if tokenizer.vocab_size > config.padded_vocab_size:
-        raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
-                           f"padded_vocab_size ({config.padded_vocab_size})")
-    return load_pretrained(model_dir, dtype=dtype, device=device), tokenizer
+    # the family's loader: its directory (files, weight names) and the chat format checked before the weights
+    return family.binding("conversation").load(model_dir, device=device, dtype=dtype, chat_format=chat_format)
 
 
 def _text(response) -> str:
@@ -237,8 +262,6 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from glm_port.models.chatglm2.weights import WeightsError
-
     problem = check_options(args)
     if problem is not None:
         print(f"glm-chat: error: {problem}", file=sys.stderr)
@@ -247,22 +270,21 @@ def _main(argv=None) -> int:
         torch.manual_seed(args.seed)
     try:
         if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
-            from glm_port.models.chatglm2.generation import check_quantize
-
-            check_quantize(args.model, args.quantize, args.quantize_group_size)
+            chat_family(args.model).binding("conversation").check_quantize(args.model, args.quantize,
+                                                                           args.quantize_group_size)
         model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
         return 2
-    if args.system is not None and not is_chatglm3(tokenizer):
-        print("glm-chat: error: --system needs ChatGLM3's chat format (this model's is chatglm2; see --chat-format)",
-              file=sys.stderr)
+    family = family_for(model.config.model_type)
+    conversation_binding = family.binding("conversation")
+    if args.system is not None and not conversation_binding.accepts_system(tokenizer):
+        print(f"glm-chat: error: --system needs ChatGLM3's chat format (this model's is "
+              f"{conversation_binding.chat_format(tokenizer)}; see --chat-format)", file=sys.stderr)
         return 2
     if args.quantize:  # in place of the CPU repacking
-        from glm_port.models import FAMILIES
-
         try:
-            FAMILIES["chatglm2"].quantize(model, args.quantize, args.quantize_group_size)
+            family.quantize(model, args.quantize, args.quantize_group_size)
         except ValueError as exc:
             print(f"glm-chat: error: {exc}", file=sys.stderr)
             return 2
@@ -278,11 +300,11 @@ def _main(argv=None) -> int:
             out.write(f"用户：{query}\nChatGLM：")
             try:
                 conversation.turn(model, tokenizer, query, gen, out)
-            except PromptTooLong as exc:
+            except conversation_binding.PromptTooLong as exc:
                 print(f"\nglm-chat: error: {exc}", file=sys.stderr)
                 return 2
         return 0
-    name = args.model or "the embedded random-init chatglm2-tiny model"
+    name = args.model or f"the embedded random-init {family.binding('tiny').NAME} model"
     out.write(f"glm-chat on {name} ({tokenizer.chat_format} chat format): /clear forgets the conversation, "
               "/exit quits, Ctrl-C stops a reply.\n")
     tolerant_stdin()  # a line that is not UTF-8 is refused below, not a UnicodeDecodeError
@@ -307,7 +329,7 @@ def _main(argv=None) -> int:
         out.write("ChatGLM：")
         try:
             conversation.turn(model, tokenizer, query, gen, out)
-        except PromptTooLong as exc:
+        except conversation_binding.PromptTooLong as exc:
             out.write(f"\nglm-chat: {exc}; this turn was not answered, /clear to start over\n")
         except KeyboardInterrupt:
             out.write("\n(reply stopped; this turn is forgotten)\n")

@@ -33,8 +33,12 @@ from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkp
 from glm_port.outputs import check_apart, check_directory_output
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.data.batches import DataOptions, build_batches, corpus_splits
-from glm_port.models.glm import GLMConfig, GLMModel
+from glm_port.models import FAMILIES
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer, lm_loss
+
+FAMILY = FAMILIES["glm"]  # glm-pretrain trains GLM (upstream's pretrain_glm.py), reached through the registry
+GLMConfig = FAMILY.load(FAMILY.config_class)
+GLMModel = FAMILY.load(FAMILY.model_class)
 
 
 def set_random_seed(seed: int, env: ParallelEnv) -> None:
@@ -346,18 +350,17 @@ def record_tokenizer(args, tokenizer, directory) -> None:
     import shutil
     from pathlib import Path
 
-    from glm_port.models.glm.tokenizer import GLMTokenizer, tokenizer_files
-
+    hf = FAMILY.binding("hf")  # GLM's tokenizer class and the files it reads
     directory = Path(directory)
     if args.tokenizer_path is not None:
-        for file in tokenizer_files(directory, Path(args.tokenizer_path).expanduser()):
+        for file in hf.tokenizer_files(directory, Path(args.tokenizer_path).expanduser()):
             target = directory / file.name
             if file.name == "tokenizer_config.json" or target.is_file() and filecmp.cmp(file, target, shallow=False):
                 continue
             tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
             shutil.copyfile(file, tmp)
             os.replace(tmp, target)
-    GLMTokenizer(tokenizer).save_pretrained(directory, lowercase=args.tokenizer_lowercase)
+    hf.tokenizer_class(tokenizer).save_pretrained(directory, lowercase=args.tokenizer_lowercase)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ To add rules for another package, add entries to these tables (and its name to
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,3 +304,118 @@ def test_the_server_imports_no_family_module(graph):
     assert serve, "glm_port.serve not found"
     bad = {name: sorted(d for d in deps if d.startswith("glm_port.models.")) for name, deps in serve.items()}
     assert not {name: deps for name, deps in bad.items() if deps}
+
+
+# ---- the family contract -----------------------------------------------------------------------------------
+
+# glm_port's modules outside glm_port/models/ reach a family only through the registry and its contract
+# (``glm_port.models``, ``glm_port.models.contract``): ``Family.load`` for its classes, ``family.binding(kind)``
+# for its binding modules. The exceptions, by name: module -> the family modules it may name.
+CONTRACT = ("glm_port.models", "glm_port.models.contract")
+FAMILY_IMPORTS_ALLOWED = {
+    # the package's public re-export of GLM's classes (``from glm_port import GLMConfig, GLMModel``) and its
+    # lazy names (GLMForConditionalGeneration, GLMTokenizer): docs/architecture.md, "The family contract"
+    "glm_port": ("glm_port.models.glm",),
+}
+
+
+def family_references(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """The ``glm_port.models.<family>`` modules module ``name`` imports, or names as a string that is a module
+    path (``importlib.import_module("glm_port.models.glm.hf")``, a duck-typed binding), outside the contract."""
+    def is_family(dotted: str) -> bool:
+        return dotted.startswith("glm_port.models.") and dotted not in CONTRACT
+
+    found = sorted(f"imports {m}" for m in imports_of(name, path, known) if is_family(m))
+    module_path = re.compile(r"glm_port\.models\.\w+(\.\w+)*")
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and module_path.fullmatch(node.value) \
+                and is_family(node.value):
+            found.append(f"line {node.lineno}: names {node.value!r}")
+    allowed = FAMILY_IMPORTS_ALLOWED.get(name, ())
+    return [f for f in found if not any(_under(f.split()[-1].strip("'"), a) for a in allowed)]
+
+
+def test_the_commands_reach_families_only_through_the_contract():
+    known = package_modules("glm_port")
+    outside = {name: path for name, path in known.items() if not _under(name, "glm_port.models")}
+    assert "glm_port.chat" in outside and "glm_port.convert.merge" in outside and "glm_port.pretrain_glm" in outside
+    bad = [f"{path.relative_to(ROOT)} {ref}" for name, path in outside.items()
+           for ref in family_references(name, path, known)]
+    assert not bad, ("reach a family through glm_port.models (family_at, family_for, FAMILIES, "
+                     "family.binding(kind)), not its modules:\n" + "\n".join(bad))
+
+
+def test_the_contract_checker_sees_imports_and_module_path_strings(tmp_path, monkeypatch):
+    for folder in ("glm_port", "glm_port/models", "glm_port/models/fam"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "glm_port" / "models" / "contract.py").write_text("")
+    (tmp_path / "glm_port" / "models" / "fam" / "weights.py").write_text("")
+    (tmp_path / "glm_port" / "good.py").write_text(
+        "from glm_port.models import FAMILIES, contract\nimport glm_port.models.contract\n"
+        "'''see glm_port.models.fam.weights'''\n")
+    (tmp_path / "glm_port" / "bad.py").write_text(
+        "def f():\n    from glm_port.models.fam import weights\n"
+        "import importlib\nimportlib.import_module('glm_port.models.fam')\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    known = package_modules("glm_port")
+    assert family_references("glm_port.good", known["glm_port.good"], known) == []
+    assert family_references("glm_port.bad", known["glm_port.bad"], known) == [
+        "imports glm_port.models.fam.weights", "line 4: names 'glm_port.models.fam'"]
+
+
+def test_every_family_binding_provides_its_protocol():
+    """Each registered family's declared bindings import and have every name their kind's protocol lists
+    (``glm_port.models.contract``); its package has the config and model classes it names."""
+    from glm_port.models import FAMILIES, Family
+    from glm_port.models.contract import PROTOCOLS, members, missing
+
+    fields = set(Family.__dataclass_fields__)
+    assert set(PROTOCOLS) <= fields, f"binding kinds with no Family field: {sorted(set(PROTOCOLS) - fields)}"
+    assert "stream_chat" in members(PROTOCOLS["conversation"]) and "PromptTooLong" in members(PROTOCOLS["conversation"])
+    checked, bad = 0, []
+    for family in FAMILIES.values():
+        for attribute in (family.config_class, family.model_class):
+            if not isinstance(family.load(attribute), type):
+                bad.append(f"{family.name}: {family.module}.{attribute} is not a class")
+        for kind in PROTOCOLS:
+            if getattr(family, kind) is None:
+                continue
+            lacking = missing(kind, family.binding(kind))
+            checked += 1
+            if lacking:
+                bad.append(f"{family.name}'s {kind} binding ({getattr(family, kind)}) lacks {', '.join(lacking)}")
+    assert checked >= 9, "no bindings were checked"
+    assert not bad, "\n".join(bad)
+
+
+def test_a_binding_that_lacks_a_name_is_named(monkeypatch):
+    import types
+
+    from glm_port.models.contract import missing
+
+    module = types.SimpleNamespace(load=lambda path: None)
+    assert missing("generation", module) == ["generate"]
+    assert missing("tiny", types.SimpleNamespace(build_tiny=None)) == ["NAME"]
+
+
+def test_an_unknown_binding_kind_is_refused():
+    from glm_port.models import FAMILIES
+
+    with pytest.raises(KeyError, match="unknown binding kind 'name'"):
+        FAMILIES["glm"].binding("name")
+    with pytest.raises(ValueError, match="the glm family has no convert binding"):
+        FAMILIES["glm"].binding("convert")
+
+
+def test_every_family_raises_the_one_weights_error():
+    """One ``WeightsError`` (``glm_port.models``): every family's loaders raise it, every command catches it."""
+    from glm_port import models
+    from glm_port.models.chatglm2 import weights as chatglm2_weights
+    from glm_port.models.glm import weights as glm_weights
+
+    assert glm_weights.WeightsError is models.WeightsError is chatglm2_weights.WeightsError
+    for path in sorted((ROOT / "glm_port").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        defined = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "WeightsError"]
+        assert path == ROOT / "glm_port" / "models" / "__init__.py" or not defined, f"{path}: a second WeightsError"

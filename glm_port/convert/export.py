@@ -13,14 +13,14 @@ inputs and outputs. The directory is written whole or not at all.
 
 A ChatGLM2 model (THUDM's directory, or glm-finetune's tensor-parallel shards: the family comes from the
 config, ``models.family_at``) is written in THUDM's layout by the family's writer, as glm-merge writes it
-(``chatglm2.convert.save_checkpoint``); it declares no decode-step graph (``Family.supports``), so ``--onnx``
-and ``--torch_export`` are refused for it in one line before anything is read.
+(its ``convert`` binding's ``save_checkpoint``; a GLM goes through its ``hf`` binding: the family is reached
+through its bindings only, ``glm_port.models.contract``); it declares no decode-step graph
+(``Family.supports``), so ``--onnx`` and ``--torch_export`` are refused for it in one line before anything is read.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 
@@ -31,9 +31,7 @@ from glm_port.convert.decode_step import (ONNX_INSTALL, check_onnx, export_onnx,
 from glm_port.convert.merge import (DTYPE_METAVAR, ConvertError, check_not_adapter, check_output, source_tokenizer,
                                     torch_dtype, write_model_directory)
 from glm_port.dtypes import dtype_argument
-from glm_port.models import family_at
-from glm_port.models.glm.tokenizer import tokenizer_files
-from glm_port.models.glm.weights import WeightsError
+from glm_port.models import WeightsError, family_at
 
 PROG = "glm-export"
 ONNX_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # relative to the largest logit
@@ -90,8 +88,6 @@ def fold_adapter(glm, path: Path):
 def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "float32", onnx: bool = False,
            torch_export: bool = False, tokenizer_type=None, tokenizer_path=None, overwrite: bool = False,
            allow_base_mismatch: bool = False, quantize: str | None = None, log=print) -> dict:
-    from glm_port.models.glm.hf import GLMForConditionalGeneration
-
     source, out = Path(model_name_or_path).expanduser(), Path(output_path).expanduser()
     lora = Path(lora_path).expanduser() if lora_path else None
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
@@ -109,15 +105,16 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     if lora is not None:
         check_adapter(lora)  # before the model loads
     family.require((quantize and f"--quantize {quantize}", "quantize"))
-    if quantize is not None and family.name != "chatglm2":
+    if quantize is not None and family.hf is not None:
         raise ConvertError(f"--quantize {quantize}: glm-export writes quantized weights for ChatGLM2 only (THUDM's "
                            f"layout); quantize a GLM at load with glm-generate --quantize")
-    if family.name == "chatglm2":
-        return export_chatglm2(source, out, lora, target, tokenizer_type=tokenizer_type,
-                               tokenizer_path=tokenizer_path, overwrite=overwrite,
-                               allow_base_mismatch=allow_base_mismatch, quantize=quantize)
-    model = GLMForConditionalGeneration.from_pretrained(source, dtype=torch.float32)  # merge in fp32
-    tokenizer = source_tokenizer(source, tokenizer_type, tokenizer_path, model.config.vocab_size)
+    if family.hf is None:  # kept in its own layout: its weights and convert bindings
+        return export_own_layout(family, source, out, lora, target, tokenizer_type=tokenizer_type,
+                                 tokenizer_path=tokenizer_path, overwrite=overwrite,
+                                 allow_base_mismatch=allow_base_mismatch, quantize=quantize)
+    hf = family.binding("hf")
+    model = hf.model_class.from_pretrained(source, dtype=torch.float32)  # merge in fp32
+    tokenizer = source_tokenizer(hf, source, tokenizer_type, tokenizer_path, model.config.vocab_size)
     if lora is not None:
         model.glm = fold_checked(model.glm, source, lora, allow_base_mismatch)
     model = model.to(target).eval()
@@ -149,8 +146,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
             export_program(model, work / "decode_step.pt2")
             report["torch_export"] = str(out / "decode_step.pt2")
 
-    write_model_directory(state, model.config, target, tokenizer, tokenizer_files(source, tokenizer_path), out,
-                          extra=graphs)
+    write_model_directory(hf, state, model.config, target, tokenizer, hf.tokenizer_files(source, tokenizer_path),
+                          out, extra=graphs)
     report["parameters"] = sum(t.numel() for t in state.values())
     return report
 
@@ -167,21 +164,21 @@ def fold_checked(model, source: Path, lora: Path, allow_base_mismatch: bool):
     return model
 
 
-def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, tokenizer_type=None, tokenizer_path=None,
-                    overwrite: bool = False, allow_base_mismatch: bool = False, quantize: str | None = None) -> dict:
-    """A ChatGLM2 (THUDM directory or glm-finetune's shards) with ``lora`` folded in, in ``target`` dtype, written
-    in THUDM's layout by the family's writer (``chatglm2.convert.save_checkpoint``, what glm-merge writes).
-    ``quantize`` ("int8", "int4"): the layers' four linears written as THUDM's ``quantization.py`` does
-    (``quantize_thudm``: int8 or packed int4, a ``weight_scale`` a row in ``target``), ``quantization_bit``
-    in config.json: the directory loads quantized as it is (``load_pretrained``), by THUDM's code too."""
-    from glm_port.models.chatglm2.convert import save_checkpoint, tokenizer_for
-    from glm_port.models.chatglm2.weights import load_pretrained, open_weights
-
+def export_own_layout(family, source: Path, out: Path, lora: Path | None, target, *, tokenizer_type=None,
+                      tokenizer_path=None, overwrite: bool = False, allow_base_mismatch: bool = False,
+                      quantize: str | None = None) -> dict:
+    """A family kept in its own layout (ChatGLM2: a THUDM directory or glm-finetune's shards) with ``lora`` folded
+    in, in ``target`` dtype, written in that layout by the family's writer (its ``convert`` binding's
+    ``save_checkpoint``, what glm-merge writes). ``quantize`` ("int8", "int4"): the weights quantized as the
+    layout stores them (``convert.quantize_checkpoint``; ChatGLM2: the layers' four linears as THUDM's
+    ``quantization.py`` writes them, int8 or packed int4, a ``weight_scale`` a row in ``target``,
+    ``quantization_bit`` in config.json): the directory loads quantized as it is, by THUDM's code too."""
+    weights, convert = family.binding("weights"), family.binding("convert")
     if tokenizer_type is not None:
         raise ConvertError("--tokenizer_type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
                            "(--tokenizer_path)")
-    tokenizer = tokenizer_for(source, open_weights(source), tokenizer_path)
-    model = load_pretrained(source, dtype=torch.float32, quantized=False)  # fold in fp32
+    tokenizer = convert.tokenizer_for(source, weights.open_weights(source), tokenizer_path)
+    model = weights.load_pretrained(source, dtype=torch.float32, quantized=False)  # fold in fp32
     if tokenizer.vocab_size > model.config.padded_vocab_size:
         raise ConvertError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({model.config.padded_vocab_size}): name its own with --tokenizer_path")
@@ -190,17 +187,8 @@ def export_chatglm2(source: Path, out: Path, lora: Path | None, target, *, token
     state = {k: v.detach().to(target) if v.is_floating_point() else v.detach() for k, v in model.state_dict().items()}
     config = model.config
     if quantize is not None:
-        from glm_port.models import QUANTIZE_BITS
-        from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
-        from shim.nn.quantized import quantize_thudm
-
-        config = copy.deepcopy(config)
-        config.quantization_bit = QUANTIZE_BITS[quantize]
-        for index in range(config.num_layers):
-            for path in QUANTIZED_LINEARS:
-                name = f"transformer.encoder.layers.{index}.{path}.weight"
-                state[name], state[f"{name}_scale"] = quantize_thudm(state[name], config.quantization_bit)
-    written = save_checkpoint(state, config, tokenizer, out, overwrite=overwrite,
+        state, config = convert.quantize_checkpoint(state, config, quantize)
+    written = convert.save_checkpoint(state, config, tokenizer, out, overwrite=overwrite,
                               inputs=[("--model_name_or_path", source), ("--lora_path", lora),
                                       ("--tokenizer_path", tokenizer_path)])
     return {"output": written["output"], "dtype": written["dtype"], "lora": str(lora) if lora else None,

@@ -7,7 +7,7 @@ ChatGLM2 directory.
     glm-merge checkpoints/glm-large/ glm-large-hf          # upstream mp_rank_XX_model_states.pt files
     glm-merge --dtype bf16 glm-10b-sharded/ glm-10b-one    # a sharded HF directory, as one file in bf16
 
-SRC is whatever ``glm_port.models.glm.weights.find_source`` reads: tensor-parallel shards
+SRC is whatever GLM's ``find_source`` (``glm_port.models.glm.weights``) reads: tensor-parallel shards
 (``mp_rank_XX_model_states.pt`` of glm-pretrain, glm-finetune or upstream, under a checkpoint tracker or
 in an iteration directory), a Hugging Face directory (one file, sharded with an index, ``.bin``). Shards
 are merged by Megatron's split rules as the loaders apply them (``weights.iter_tensors`` at
@@ -15,8 +15,11 @@ tensor-parallel size 1: the rules exist once, in ``weights.SPLIT_RULES``). Names
 against the architecture before anything is written; the output is assembled in a hidden directory
 beside OUT and renamed into place, so a failure leaves nothing half-written.
 
-The family comes from SRC's ``config.json`` or, for shards, from the config they carry (``models.family_at``).
-ChatGLM2 shards (glm-finetune's at any tensor-parallel size) are merged by the family's own rule,
+The family comes from SRC's ``config.json`` or, for shards, from the config they carry (``models.family_at``),
+and is reached through its bindings only (``glm_port.models.contract``): a family written as a Hugging Face
+directory of its own classes (GLM) through its ``hf`` binding, the pieces assembled here; a family kept in its
+own layout (ChatGLM2) through its ``convert`` binding's ``merge_checkpoint``. ChatGLM2 shards (glm-finetune's
+at any tensor-parallel size) are merged by the family's own rule,
 ``chatglm2.weights.tensor_parallel_merge`` (the inverse of its split: ``query_key_value`` as ``[Q | K | V]``
 with replicated key/value groups, ``dense_h_to_4h`` as ``[gate | up]``), into THUDM's names and layout
 (safetensors shards of at most 2 GB + index, ``config.json`` with model_type "chatglm", ``tokenizer.model``),
@@ -35,10 +38,7 @@ from tqdm import tqdm
 import shim as torch
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument, parse_dtype
-from glm_port.models import family_at
-from glm_port.models.glm import weights
-from glm_port.models.glm.tokenizer import TOKENIZER_FILES, tokenizer_files
-from glm_port.models.glm.weights import WeightsError
+from glm_port.models import WeightsError, family_at
 from glm_port.outputs import OutputError, check_apart, check_directory_output, discard, publish, work_directory
 
 PROG = "glm-merge"
@@ -84,13 +84,12 @@ def hf_config(config, dtype) -> dict:
     return fields
 
 
-def check_against_architecture(state: dict, config, where) -> None:
-    """Every weight the architecture needs, with its shape, and nothing else (checked on the meta device)."""
-    from glm_port.models.glm.hf import GLMForConditionalGeneration
-
+def check_against_architecture(hf, state: dict, config, where) -> None:
+    """Every weight the architecture needs, with its shape, and nothing else (checked on the meta device);
+    ``hf``: the family's ``hf`` binding."""
     with torch.device("meta"):
-        model = GLMForConditionalGeneration(config)
-    expected = {k[len(weights.HF_PREFIX):]: list(v.shape) for k, v in model.state_dict().items()}
+        model = hf.model_class(config)
+    expected = {k[len(hf.HF_PREFIX):]: list(v.shape) for k, v in model.state_dict().items()}
     for name, tensor in state.items():
         if name not in expected:
             raise ConvertError(f"{where}: unexpected weight {name} (not a GLM of this architecture?)")
@@ -102,45 +101,41 @@ def check_against_architecture(state: dict, config, where) -> None:
         raise ConvertError(f"{where}: missing {len(missing)} weight(s), e.g. {missing[0]}")
 
 
-def source_tokenizer(path: Path, tokenizer_type: str | None, tokenizer_path: Path | None, vocab_size: int):
-    """The tokenizer glm-generate would use for ``path`` with these flags. With no flags and no vocabulary
-    file beside the weights, glm-generate falls back to the built-in vocabulary: taken only when the
-    model's vocabulary size is that one's (a model trained on it), an error otherwise."""
-    from glm_port.models.glm.generation import load_tokenizer
-
+def source_tokenizer(hf, path: Path, tokenizer_type: str | None, tokenizer_path: Path | None, vocab_size: int):
+    """The tokenizer glm-generate would use for ``path`` with these flags (``hf``: the family's ``hf`` binding).
+    With no flags and no vocabulary file beside the weights, glm-generate falls back to the built-in
+    vocabulary: taken only when the model's vocabulary size is that one's (a model trained on it), an error
+    otherwise."""
     try:
-        tokenizer = load_tokenizer(path, tokenizer_type, tokenizer_path)
+        tokenizer = hf.load_tokenizer(path, tokenizer_type, tokenizer_path)
     except (OSError, ValueError) as error:
         raise ConvertError(f"tokenizer: {str(error).strip().splitlines()[0]}") from None
     named = tokenizer_type or tokenizer_path
-    found = any(f.name not in TOKENIZER_FILES for f in tokenizer_files(path))
+    found = any(f.name not in hf.TOKENIZER_FILES for f in hf.tokenizer_files(path))
     if not named and not found and tokenizer.vocab_size != vocab_size:
         raise ConvertError(f"no vocabulary file beside {path} (and the model's {vocab_size} tokens are not the "
                            f"built-in vocabulary's): name it with --tokenizer-path (and --tokenizer-type)")
     return tokenizer
 
 
-def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Path], out: Path,
+def write_model_directory(hf, state: dict, config, dtype, tokenizer, files: list[Path], out: Path,
                           extra=None) -> Path:
-    """Assemble ``out``: single-shard ``model.safetensors`` + ``config.json`` (``weights.save_hf``), the
-    tokenizer ``files`` (or a ``tokenizer_config.json`` naming a built-in vocabulary), then ``extra(work)``
+    """Assemble ``out``: single-shard ``model.safetensors`` + ``config.json`` (the ``hf`` binding's ``save_hf``),
+    the tokenizer ``files`` (or a ``tokenizer_config.json`` naming a built-in vocabulary), then ``extra(work)``
     (more files, e.g. graphs); published atomically. The written tokenizer is read back and must be
     ``tokenizer`` (same fingerprint): a vocabulary that would not load beside the weights is an error."""
-    from glm_port.models.glm.generation import load_tokenizer
-    from glm_port.models.glm.tokenizer import GLMTokenizer
-
     if tokenizer.vocab.num_tokens > config.vocab_size:
         raise ConvertError(f"the {tokenizer.vocab.name} vocabulary has {tokenizer.vocab.num_tokens} tokens, more "
                            f"than the model's {config.vocab_size}: name the one it was trained with "
                            f"(--tokenizer-type / --tokenizer-path)")
     work = work_directory(out)
     try:
-        weights.save_hf(state, work, hf_config(config, dtype), shown_as=out)
+        hf.save_hf(state, work, hf_config(config, dtype), shown_as=out)
         for file in files:
             shutil.copy2(file, work / file.name)
         if not (work / "tokenizer_config.json").is_file():
-            GLMTokenizer(tokenizer.vocab).save_pretrained(work)  # names the vocabulary's type
-        written = load_tokenizer(work)
+            hf.tokenizer_class(tokenizer.vocab).save_pretrained(work)  # names the vocabulary's type
+        written = hf.load_tokenizer(work)
         if written.vocab.fingerprint != tokenizer.vocab.fingerprint:
             raise ConvertError(f"the tokenizer files written ({', '.join(sorted(p.name for p in work.iterdir()))}) "
                                f"load as {written.vocab.name}, not the source's {tokenizer.vocab.name}: "
@@ -157,10 +152,10 @@ def write_model_directory(state: dict, config, dtype, tokenizer, files: list[Pat
 # ---- merging -----------------------------------------------------------------------------------------
 
 
-def merged_state(source, dtype=None) -> dict:
+def merged_state(hf, source, dtype=None) -> dict:
     """Every weight of ``source`` whole (shards merged by Megatron's rules), upstream's names."""
     state = {}
-    for name, tensor in tqdm(weights.iter_tensors(source, tp_size=1, tp_rank=0), unit="tensor",
+    for name, tensor in tqdm(hf.iter_tensors(source, tp_size=1, tp_rank=0), unit="tensor",
                              desc=PROG, leave=False, disable=not sys.stderr.isatty()):
         if "lora_" in name or name.startswith("base_model."):
             raise ConvertError(f"{source.path} holds a LoRA training checkpoint ({name}); export the saved "
@@ -174,35 +169,39 @@ def merged_state(source, dtype=None) -> dict:
 
 def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = None, tokenizer_path=None,
           num_attention_heads: int | None = None, overwrite: bool = False) -> dict:
-    """Merge the GLM weights at ``src`` into the Hugging Face directory ``out``; returns a summary."""
+    """Merge the weights at ``src`` into one directory ``out`` (GLM: a Hugging Face directory; ChatGLM2: THUDM's
+    layout); returns a summary."""
     src, out = Path(src).expanduser(), Path(out).expanduser()
     tokenizer_path = Path(tokenizer_path).expanduser() if tokenizer_path else None
     check_output(out, overwrite, ("SRC", src), ("--tokenizer-path", tokenizer_path))
     dtype = torch_dtype(dtype)
     check_not_adapter(src)
-    if family_at(src).name == "chatglm2":  # its config.json, or the config its shards carry
-        return merge_chatglm2(src, out, dtype=dtype, tokenizer_type=tokenizer_type, tokenizer_path=tokenizer_path,
-                              num_attention_heads=num_attention_heads, overwrite=overwrite)
-    source = weights.find_source(src)
+    family = family_at(src)  # its config.json, or the config its shards carry; GLM without one
+    if family.hf is None:  # kept in its own layout: its convert binding merges
+        return merge_own_layout(family, src, out, dtype=dtype, tokenizer_type=tokenizer_type,
+                                tokenizer_path=tokenizer_path, num_attention_heads=num_attention_heads,
+                                overwrite=overwrite)
+    hf = family.binding("hf")
+    source = hf.find_source(src)
     overrides = {"num_attention_heads": num_attention_heads} if num_attention_heads else {}
-    config = weights.source_config(source, overrides)
-    tokenizer = source_tokenizer(source.path, tokenizer_type, tokenizer_path, config.vocab_size)
-    state = merged_state(source, dtype)
-    check_against_architecture(state, config, src)
+    config = hf.source_config(source, overrides)
+    tokenizer = source_tokenizer(hf, source.path, tokenizer_type, tokenizer_path, config.vocab_size)
+    state = merged_state(hf, source, dtype)
+    check_against_architecture(hf, state, config, src)
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
     stored = dtype or (dtypes.pop() if len(dtypes) == 1 else torch.float32)
-    write_model_directory(state, config, stored, tokenizer, tokenizer_files(source.path, tokenizer_path), out)
+    write_model_directory(hf, state, config, stored, tokenizer, hf.tokenizer_files(source.path, tokenizer_path), out)
     return {"source": str(src), "kind": source.kind, "shards": source.mp_size, "output": str(out),
             "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
             "dtype": str(stored).replace("torch.", ""), "tokenizer": tokenizer.vocab.name}
 
 
-def merge_chatglm2(src: Path, out: Path, *, dtype=None, tokenizer_type=None, tokenizer_path=None,
-                   num_attention_heads=None, overwrite=False) -> dict:
-    """ChatGLM2 shards (or a THUDM directory) -> one THUDM-layout directory (``chatglm2.convert.merge_checkpoint``:
-    the parts put together by ``chatglm2.weights.tensor_parallel_merge``, the inverse of its split)."""
-    from glm_port.models.chatglm2.convert import merge_checkpoint
-
+def merge_own_layout(family, src: Path, out: Path, *, dtype=None, tokenizer_type=None, tokenizer_path=None,
+                     num_attention_heads=None, overwrite=False) -> dict:
+    """A family kept in its own layout (ChatGLM2's shards, or a THUDM directory) -> one directory in that layout,
+    by its ``convert`` binding's ``merge_checkpoint`` (ChatGLM2: the parts put together by
+    ``chatglm2.weights.tensor_parallel_merge``, the inverse of its split)."""
+    merge_checkpoint = family.binding("convert").merge_checkpoint
     if tokenizer_type is not None:
         raise ConvertError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
                            "(--tokenizer-path)")

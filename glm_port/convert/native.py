@@ -4,8 +4,9 @@
     glm-convert --from transformers chatglm2-6b-hf/ chatglm2-6b/    # back to THUDM's names
 
 The family is read from SRC's config.json (ChatGLM2/ChatGLM3: model_type "chatglm" <-> transformers'
-"glm"). Tensors are read one at a time across shards and written as safetensors shards into a temporary
-directory renamed to DST when complete. Bad input ends with a one-line error and exit status 2.
+"glm"), and converted by its ``convert`` binding (``glm_port.models.contract.ConvertBinding``). Tensors are
+read one at a time across shards and written as safetensors shards into a temporary directory renamed to DST
+when complete. Bad input ends with a one-line error and exit status 2.
 """
 
 from __future__ import annotations
@@ -36,18 +37,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def converting_family(src, to_transformers: bool):
+    """The family whose ``convert`` binding converts ``src``: ``--to``, SRC's family (its config.json,
+    ``models.family_at``); ``--from``, the family that reads SRC's transformers model type (its binding's
+    ``TRANSFORMERS_MODEL_TYPES``). Where none does (no config.json, another family's, not JSON), the first
+    family that converts, whose own reading of SRC then names what is wrong in one line."""
+    from glm_port.models import FAMILIES, family_at
+
+    converting = [family for family in FAMILIES.values() if family.convert is not None]
+    if to_transformers:
+        try:
+            family = family_at(src)
+        except ValueError:  # not JSON, an unknown model type: the converter's own message says it
+            family = None
+        if family in converting:
+            return family
+    else:
+        model_type = _model_type(src)
+        for family in converting:
+            if model_type in family.binding("convert").TRANSFORMERS_MODEL_TYPES:
+                return family
+    return converting[0]
+
+
+def _model_type(directory) -> str | None:
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from glm_port.models.chatglm2.convert import from_transformers, to_transformers
-    from glm_port.models.chatglm2.weights import WeightsError
+    from glm_port.models import WeightsError
     from glm_port.outputs import OutputError
 
     dtype = parse_dtype(args.dtype)
     try:
+        convert = converting_family(args.src, bool(args.to)).binding("convert")
         if args.to:
-            to_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
+            convert.to_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
         else:
-            from_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
+            convert.from_transformers(args.src, args.dst, dtype=dtype, max_shard_size=args.max_shard_size)
     except (WeightsError, OutputError, OSError) as exc:
         print(f"glm-convert: error: {exc}", file=sys.stderr)
         return 2

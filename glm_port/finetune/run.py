@@ -122,9 +122,7 @@ def _check_features(args) -> None:
 
 def _binding(args):
     """The finetune binding of --model_name_or_path's family (GLM for the embedded default)."""
-    import importlib
-
-    return importlib.import_module(_family(args).finetune)
+    return _family(args).binding("finetune")
 
 
 def apply_lora(args, glm):

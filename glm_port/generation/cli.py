@@ -16,7 +16,6 @@ Bad input is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
@@ -260,7 +259,7 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
     if family.generation is None:
         raise UsageError(f"the {family.name} family has no generation")
     check_features(family, args)  # before any process group starts or any weight is read
-    backend = importlib.import_module(family.generation)
+    backend = family.binding("generation")
     if args.quantize and hasattr(backend, "check_quantize"):  # a group size that does not divide a row
         backend.check_quantize(args.model, args.quantize, args.quantize_group_size)
     parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
@@ -304,8 +303,7 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from glm_port.models import UnknownFamily
-    from glm_port.models.glm.weights import WeightsError
+    from glm_port.models import UnknownFamily, WeightsError
 
     try:
         run(args)

@@ -2,6 +2,8 @@
 
 A family registers its config class and model class here. Shared pieces (training loop, checkpoint I/O,
 generation, finetuning) take any registered family; nothing here imports a family until it is asked for.
+The commands reach a family only through this module (``family_at``, ``family_for``, ``FAMILIES``,
+``Family.load``, ``Family.binding``; what each binding provides: ``contract.py``), never a family's modules.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class Unsupported(ValueError):
     """A command was asked for a feature its model's family does not declare (``Family.supports``)."""
 
 
+class WeightsError(ValueError):
+    """Weights or a model directory (any family's) that are missing, unreadable or made for another model: one
+    line naming the file or tensor at fault. Every family's loaders raise this one class; the commands catch it."""
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -55,6 +62,15 @@ class Family:
     # Module with ``build_tiny(chat_format=...) -> (model, tokenizer)``: the embedded random-init model the
     # commands use when given no weights; None: the family has none.
     tiny: str | None = None
+    # More bindings (what each module provides: ``glm_port.models.contract``, one protocol a kind):
+    # ``conversation``, glm-chat's (load, stream_chat, the chat formats); ``weights``, the family's directories
+    # read with one-line errors; ``convert``, glm-convert's and the writer glm-merge and glm-export use for a
+    # family kept in its own layout; ``hf``, the pieces glm-merge and glm-export assemble a Hugging Face
+    # directory of the family's classes from. None: the family has no such binding.
+    conversation: str | None = None
+    weights: str | None = None
+    convert: str | None = None
+    hf: str | None = None
     # ``fnmatch`` patterns of linear layers ``--quantize`` keeps in float (THUDM keeps ChatGLM2's output layer).
     quantize_keep: tuple[str, ...] = ()
 
@@ -77,8 +93,12 @@ class Family:
         return getattr(importlib.import_module(self.module), attribute)
 
     def binding(self, kind: str):
-        """The module of one of this family's bindings (``"generation"``, ``"finetune"``, ``"chat"``,
-        ``"tiny"``), imported on first use; a ValueError when the family has none."""
+        """The module of one of this family's bindings (a kind of ``contract.PROTOCOLS``: ``"generation"``,
+        ``"finetune"``, ``"chat"``, ``"tiny"``, ...), imported on first use; a ValueError when the family has none."""
+        from glm_port.models.contract import PROTOCOLS
+
+        if kind not in PROTOCOLS:
+            raise KeyError(f"unknown binding kind {kind!r} (known: {', '.join(PROTOCOLS)})")
         module = getattr(self, kind)
         if module is None:
             raise ValueError(f"the {self.name} family has no {kind} binding")
@@ -100,6 +120,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
                   generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
+                  hf="glm_port.models.glm.hf_directory",
                   supports=frozenset(FEATURES)),  # GLM's output is the tied embedding table: no linear to keep
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
                        supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export",
@@ -107,7 +128,8 @@ FAMILIES: dict[str, Family] = {
                        quantize_keep=("*output_layer",),
                        generation="glm_port.models.chatglm2.generation",
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
-                       tiny="glm_port.models.chatglm2.tiny"),
+                       tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",
+                       weights="glm_port.models.chatglm2.weights", convert="glm_port.models.chatglm2.convert"),
 }
 TINY_FAMILY = "chatglm2"  # the family of the embedded model a command runs with no weights given
 

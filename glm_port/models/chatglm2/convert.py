@@ -56,6 +56,7 @@ _TOP = {
     "transformer.output_layer.weight": "lm_head.weight",
 }
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+TRANSFORMERS_MODEL_TYPES = ("glm",)  # transformers' native GlmForCausalLM, what from_transformers reads
 
 
 # ---------------------------------------------------------------- configs
@@ -384,6 +385,27 @@ def _write_config_and_tokenizer(config, dtype, tokenizer, directory) -> None:
     config.dtype = dtype
     config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def quantize_checkpoint(state: dict, config, mode: str) -> tuple[dict, ChatGLM2Config]:
+    """``(state, config)`` with the layers' four linears quantized as THUDM's ``quantization.py`` stores them
+    (``shim.nn.quantized.quantize_thudm``: int8, or int4 packed two a byte; a ``weight_scale`` a row in the
+    weight's dtype) and ``quantization_bit`` set in a copy of ``config``: what ``save_checkpoint`` writes for
+    glm-export --quantize, which ``load_pretrained`` (and THUDM's code) loads quantized as it is. ``mode``:
+    "int8" or "int4" (``glm_port.models.QUANTIZE_BITS``)."""
+    import copy
+
+    from glm_port.models import QUANTIZE_BITS
+    from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
+    from shim.nn.quantized import quantize_thudm
+
+    state, config = dict(state), copy.deepcopy(config)
+    config.quantization_bit = QUANTIZE_BITS[mode]
+    for index in range(config.num_layers):
+        for path in QUANTIZED_LINEARS:
+            name = f"transformer.encoder.layers.{index}.{path}.weight"
+            state[name], state[f"{name}_scale"] = quantize_thudm(state[name], config.quantization_bit)
+    return state, config
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(),

@@ -7,24 +7,7 @@ for the chat format use ``glm-chat`` or ``model.chat``.
 from __future__ import annotations
 
 from glm_port.dtypes import parse_dtype
-
-
-def check_quantize(path, mode, group_size) -> None:
-    """Before any weight is read: a ``WeightsError`` (one line) when ``--quantize int4``'s group size does not divide
-    the row of a linear ``Family.quantize`` would replace (the layers' four; the output layer is kept)."""
-    from glm_port.models.chatglm2.weights import WeightsError, check_directory
-
-    if mode != "int4":
-        return
-    config = check_directory(path, quantized=True)
-    group = group_size or 128
-    rows = {"self_attention.query_key_value": config.hidden_size,
-            "self_attention.dense": config.num_attention_heads * config.kv_channels,
-            "mlp.dense_h_to_4h": config.hidden_size, "mlp.dense_4h_to_h": config.ffn_hidden_size}
-    for name, features in rows.items():
-        if features % group:
-            raise WeightsError(f"--quantize-group-size {group}: int4 group size {group} does not divide the row of "
-                             f"{features} input features of transformer.encoder.layers.*.{name}")
+from glm_port.models.chatglm2.weights import check_quantize  # noqa: F401  (glm-generate's, before loading)
 
 
 def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from glm_port.checkpoint_io import load_file
+from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from shim.nn.tensor_parallel import section_part, sections_whole
 
@@ -33,10 +34,6 @@ MODEL_TYPES = ("chatglm",)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 IGNORED_KEYS = ("rotary_pos_emb.inv_freq",)  # THUDM's files carry this constant buffer
-
-
-class WeightsError(ValueError):
-    """A ChatGLM2 directory that cannot be read; the message is one line naming the file at fault."""
 
 
 def read_config_json(directory) -> dict:
@@ -153,6 +150,22 @@ def check_directory(directory, quantized: bool = False) -> ChatGLM2Config:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint{more}")
     return config
+
+
+def check_quantize(path, mode, group_size) -> None:
+    """Before any weight is read: a ``WeightsError`` (one line) when ``--quantize int4``'s group size does not divide
+    the row of a linear ``Family.quantize`` would replace (the layers' four; the output layer is kept)."""
+    if mode != "int4":
+        return
+    config = check_directory(path, quantized=True)
+    group = group_size or 128
+    rows = {"self_attention.query_key_value": config.hidden_size,
+            "self_attention.dense": config.num_attention_heads * config.kv_channels,
+            "mlp.dense_h_to_4h": config.hidden_size, "mlp.dense_4h_to_h": config.ffn_hidden_size}
+    for name, features in rows.items():
+        if features % group:
+            raise WeightsError(f"--quantize-group-size {group}: int4 group size {group} does not divide the row of "
+                             f"{features} input features of transformer.encoder.layers.*.{name}")
 
 
 def default_dtype(device) -> torch.dtype:

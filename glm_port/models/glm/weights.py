@@ -39,15 +39,12 @@ import shim as torch
 
 from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
 from glm_port.checkpoint_io import load_file
+from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.dtypes import parse_dtype
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
                    "pytorch_model.bin")
-
-
-class WeightsError(ValueError):
-    """Weights that are missing, unreadable or made for another model: the message names what."""
 
 
 # ---- Megatron's split rules ------------------------------------------------------------------------
