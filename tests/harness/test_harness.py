@@ -182,6 +182,13 @@ def test_seq2seq_zero_shot_and_multichoice_data_hold_what_upstreams_readers_read
         paragraph = json.loads((root / "squad_generation" / f"{split}.json").read_text())["data"][0]["paragraphs"][0]
         qa = paragraph["qas"][0]
         assert qa["question"].endswith("?") and qa["answers"][0]["text"] in paragraph["context"]
+    for version, name in (("v2.0", "squad"), ("v1.1", "squad_v1")):  # SQuAD's JSON; 1.1 without unanswerable questions
+        for split in ("train", "dev"):
+            for paragraph in json.loads((root / name / f"{split}-{version}.json").read_text())["data"][0]["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    assert qa["id"] and all(paragraph["context"][a["answer_start"]:].startswith(a["text"])
+                                            for a in qa["answers"])  # fmt: skip
+                    assert qa["answers"] or name == "squad"
     blanked = (root / "blank" / "blank" / "test.maskratio0.1.blank").read_text().splitlines()
     assert len(blanked) == len((root / "blank" / "test.txt").read_text().splitlines())
     assert all(line.count("<blank>") == 1 for line in blanked) and (root / "blank" / "valid.txt").is_file()
@@ -197,6 +204,26 @@ def test_seq2seq_zero_shot_and_multichoice_data_hold_what_upstreams_readers_read
     assert "--unidirectional" in flags["zero_lm_uni"] and "--unidirectional" not in flags["zero_lm"]
     assert flags["multichoice"][flags["multichoice"].index("--epochs") + 1] == "0"
     assert all(entrypoints.MODES[name] == ("1",) for name in flags)
+
+
+def test_squad_v1s_hub_tokenizer_loads_offline_from_the_trees_vocabulary(tmp_path):
+    """seq_squad_v1.sh's reader calls ``transformers.AutoTokenizer.from_pretrained("bert-base-uncased")``: under
+    :func:`entrypoints.offline_bert_tokenizer`'s environment it loads, without a network, the tree's own vocabulary."""
+    import os
+    import subprocess
+    import sys
+
+    tree = tmp_path / "GLM"
+    (tree / entrypoints.up.VOCAB_CACHE).parent.mkdir(parents=True)
+    (tree / entrypoints.up.VOCAB_CACHE).write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\n##s\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(entrypoints.offline_bert_tokenizer(tree, tmp_path / "out"))
+    code = ("import transformers; t = transformers.AutoTokenizer.from_pretrained('bert-base-uncased'); "
+            "e = t('The cats', return_offsets_mapping=True, add_special_tokens=False); "
+            "print(e['input_ids'], [list(o) for o in e['offset_mapping']])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "[5, 6, 7] [[0, 3], [4, 7], [7, 8]]"
 
 
 def test_overall_figure_stops_where_another_ranks_output_runs_into_its_line():
