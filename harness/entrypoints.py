@@ -3,8 +3,10 @@
 Each entry point (:data:`ENTRY_POINTS`) is one command of THUDM/GLM's own scripts
 (``scripts/finetune_superglue.sh`` on RTE, COPA, BoolQ, CB, WiC, MultiRC, WSC (``--wsc-negative``), ReCoRD,
 RTE with ``--multi-token`` and with ``--few-superglue``, CLUE's AFQMC, TNEWS, CLUEWSC on a checkpoint pretrained
-with the Chinese SentencePiece tokenizer; ``scripts/finetune_seq2seq.sh``;
-``scripts/evaluate_lm.sh`` on LAMBADA and wikitext; ``generate_samples.py``, greedy and sampled;
+with the Chinese SentencePiece tokenizer; ``scripts/finetune_seq2seq.sh`` on CNN/DM, XSum, Gigaword, question
+generation and customization, ``scripts/finetune_blank.sh``; ``scripts/evaluate_lm.sh`` on LAMBADA (also left to
+right), wikitext and plain text (``zero_lm.sh``, also left to right); ``scripts/evaluate_multichoice.sh``;
+``generate_samples.py``, greedy and sampled;
 ``change_mp.py``; ``scripts/convert_glm_checkpoint_to_transformers.py``; ``pretrain_glm.py --load``) scaled down to the tiny model of :data:`harness.upstream.PRETRAIN_FLAGS`, on
 small data written here in upstream's own formats (:func:`write_data`), from one pretrained
 checkpoint both sides load (:func:`pretrained_checkpoint`, made by the migrated tree's own
@@ -12,7 +14,8 @@ checkpoint both sides load (:func:`pretrained_checkpoint`, made by the migrated 
 glm-mock and in the migrated tree without it (apex and DeepSpeed unimportable), and reads the
 figures each printed or wrote (:class:`Figures`): losses, accuracies, ROUGE, perplexity, the
 generated text, the resharded tensors. :data:`MODES` says which also run at model-parallel size 2
-(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own. Dropout is off and the seed fixed, so the figures must be
+(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own; :data:`NOT_RUN` upstream's scripts
+that are not run here, and why. Dropout is off and the seed fixed, so the figures must be
 equal (numbers within ``rtol``: the migrated loss rounds differently in the 7th digit).
 
 Where glm_port has the job, its own code runs against upstream's entry point on the same weights and data:
@@ -130,6 +133,45 @@ ENTRY_POINTS = {
         EntryPoint("seq2seq", "finetune_glm.py, seq2seq (CNN/DM format) with beam search",
                    "finetune_glm.py --finetune --task cnn_dm_original --load-pretrained P --num-beams 2 --epochs 1",
                    "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document (test.jsonl.hyps)"),
+        EntryPoint("xsum", "finetune_glm.py, XSum (seq_xsum.sh: BBC .summary files and the split JSON)",
+                   "finetune_glm.py --finetune --task xsum --load-pretrained P --num-beams 2 --epochs 1",
+                   "lm loss per iteration, ROUGE-1/2/L, the beam-search summary of each test document"),
+        EntryPoint("gigaword", "finetune_glm.py, Gigaword (seq_gigaword.sh: its -lrb- tokenized text)",
+                   "finetune_glm.py --finetune --task gigaword --load-pretrained P --num-beams 2 --epochs 1",
+                   "lm loss per iteration, ROUGE-1/2/L, the beam-search headline of each test document"),
+        EntryPoint("squad_generation", "finetune_glm.py, question generation (seq_squad_generation.sh, SQuAD JSON)",
+                   "finetune_glm.py --finetune --task squad_generation --load-pretrained P --num-beams 2 --epochs 1",
+                   "lm loss per iteration, ROUGE-1/2/L, the generated question of each test answer"),
+        EntryPoint("squad", "finetune_glm.py, SQuAD 2.0 (seq_squad.sh)",
+                   "finetune_glm.py --finetune --task squad --load-pretrained P --num-beams 2 --validation-metric F1 "
+                   "--epochs 1",
+                   "lm loss per iteration, EM and F1 per evaluation (upstream's own failure on both sides, UPSTREAM_DEFECTS)"),
+        EntryPoint("squad_v1", "finetune_glm.py, SQuAD 1.1 extractive QA as generation (seq_squad_v1.sh)",
+                   "finetune_glm.py --finetune --task squad_v1 --load-pretrained P --num-beams 2 --validation-metric F1 "
+                   "--epochs 1",
+                   "lm loss per iteration, EM and F1 per evaluation, the answer to each question"),
+        EntryPoint("blank", "finetune_glm.py, blank infilling (finetune_blank.sh, seq_blank.sh, mask ratio 0.1)",
+                   "finetune_glm.py --finetune --task blank --blank-maskratio 0.1 --load-pretrained P --epochs 1",
+                   "lm loss per iteration, the filled text of each test line"),
+        EntryPoint("customization", "finetune_glm.py, customization (seq_customization.sh: your .source/.target)",
+                   "finetune_glm.py --finetune --task customization --load-pretrained P --num-beams 2 --epochs 1",
+                   "lm loss per iteration, ROUGE-1/2/L, the beam-search output of each test source"),
+        EntryPoint("zero_lm", "zero-shot language-model perplexity (evaluate_lm.sh, zero_lm.sh)",
+                   "finetune_glm.py --finetune --task language_model --valid-data lm-test.txt --overlapping-eval 32 "
+                   "--load-pretrained P",
+                   "avg loss, ppl, adjusted ppl"),
+        EntryPoint("zero_lm_uni", "zero-shot language-model perplexity, left to right (evaluate_lm.sh, zero_lm_uni.sh)",
+                   "finetune_glm.py --finetune --task language_model --valid-data lm-test.txt --overlapping-eval 32 "
+                   "--unidirectional --load-pretrained P",
+                   "avg loss, ppl, adjusted ppl"),
+        EntryPoint("lambada_uni", "zero-shot LAMBADA, left to right (evaluate_lm.sh, zero_lambada_uni.sh)",
+                   "finetune_glm.py --finetune --task lambda --valid-data lambada_test.jsonl --unidirectional "
+                   "--load-pretrained P",
+                   "number correct, accuracy"),
+        EntryPoint("multichoice", "zero-shot multiple choice (evaluate_multichoice.sh, its JSON lines)",
+                   "finetune_glm.py --finetune --cloze-eval --task multichoice --test-data mc/*.jsonl --epochs 0 "
+                   "--load-pretrained P",
+                   "accuracy"),
         EntryPoint("lambada", "zero-shot LAMBADA (evaluate_lm.sh, zero_lambada.sh)",
                    "finetune_glm.py --finetune --task lambda --valid-data lambada_test.jsonl --load-pretrained P",
                    "number correct, accuracy"),
@@ -173,13 +215,29 @@ SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-pen
                    # verbalizer check: "AssertionError: Verbalization "居家" does not correspond to a single
                    # token" (the shipped chinese_sentencepiece model splits it); multi-token cloze takes it
                    "tnews": ["--multi-token"]}
+# seq2seq's other tasks (config_tasks/seq_*.sh) and the zero-shot scripts: one process (seq2seq's tp2 run covers
+# the model-parallel path of their shared finetuning and beam search)
+SEQ2SEQ_TASKS = {"seq2seq": "cnn_dm_original", "xsum": "xsum", "gigaword": "gigaword",
+                 "squad_generation": "squad_generation", "squad": "squad", "squad_v1": "squad_v1", "blank": "blank",
+                 "customization": "customization"}
+ONE_PROCESS = ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS, "xsum", "gigaword", "squad_generation", "squad", "squad_v1",
+               "blank", "customization", "zero_lm", "zero_lm_uni", "lambada_uni", "multichoice")  # fmt: skip
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
-MODES = {name: ("1",) if name in ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS) else ("1", "tp2") for name in ENTRY_POINTS}
+MODES = {name: ("1",) if name in ONE_PROCESS else ("1", "tp2") for name in ENTRY_POINTS}
+# upstream's scripts that are not entry points here, and why (they need what cannot be had)
+NOT_RUN = {
+    "scripts/evaluate_seq2seq.sh": "not Python: Stanford CoreNLP's PTBTokenizer (Java, a jar from stanford.edu) and "
+                                   "the files2rouge command (a ROUGE-1.5.5 Perl install); finetune_glm.py's own "
+                                   "ROUGE of the same hypotheses is compared in the seq2seq runs",
+}
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
 # seq2seq's beam search (tasks/seq2seq/evaluate.py, DecoderEvaluater) takes the model's vocab-parallel
 # logits as the whole vocabulary: MinLengthLogitsProcessor indexes the eos id past this rank's half.
+# seq_squad.sh: finetune_glm.py sends --task squad to tasks/superglue (its PROCESSORS lists "squad", tried before the
+# seq2seq tasks), whose only squad metric is accuracy; the script's --validation-metric F1 is not one of them.
 UPSTREAM_DEFECTS = {
     ("seq2seq", "tp2"): "IndexError: index 30523 is out of bounds for dimension 1 with size 15296",
+    ("squad", "1"): "KeyError: 'F1'",
 }
 
 
@@ -252,7 +310,91 @@ def write_data(root: Path) -> Path:
     lines = ["", " = Title = ", ""] + [" " + " ".join(_sentence(rng, rng.randint(6, 12)) for _ in range(4)) + " "
                                       for _ in range(20)]  # fmt: skip
     (root / "lm" / "wiki.test.tokens").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _write_more_seq2seq(root)
     return root
+
+
+def _write_more_seq2seq(root: Path) -> None:
+    """The other seq2seq tasks' data, the zero-shot LM text and multiple-choice lines, from a generator of their own
+    (the data written before keeps its bytes): XSum (``xsum/``: one BBC ``ID.summary`` per document, ``[SN]KEY[SN]``
+    sections, and ``XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json``), Gigaword (``gigaword/{split}.{source,target}``,
+    lower-cased, ``-lrb-`` brackets), question generation (``squad_generation/{train,dev,test}.json``: SQuAD's
+    ``data/paragraphs/qas``), blank infilling (``blank/{train,valid,test}.txt`` and the test lines with ``<blank>``
+    spans, ``blank/blank/test.maskratio0.1.blank``), customization (``customization/{split}.{source,target}``),
+    ``lm/lm-test.txt`` (zero_lm.sh's plain text) and ``mc/test.jsonl`` (evaluate_multichoice.sh's
+    ``inputs_pretokenized``, ``choices_pretokenized``, ``label``)."""
+    rng = random.Random(2)
+    split_ids: dict[str, list[str]] = {}
+    for split, n in (("train", 8), ("validation", 2), ("test", 4)):
+        split_ids[split] = []
+        for i in range(n):
+            doc = f"{split[:2]}{i:03d}"
+            body = [_sentence(rng, 8) for _ in range(3)]
+            text = (f"[SN]URL[SN]\nhttp://www.bbc.co.uk/news/{doc}\n\n[SN]TITLE[SN]\n{_sentence(rng, 4)}\n\n"
+                    f"[SN]FIRST-SENTENCE[SN]\n{body[0]}\n\n[SN]RESTBODY[SN]\n" + "\n".join(body) + "\n")  # fmt: skip
+            (root / "xsum").mkdir(parents=True, exist_ok=True)
+            (root / "xsum" / f"{doc}.summary").write_text(text, encoding="utf-8")
+            split_ids[split].append(doc)
+    (root / "xsum" / "XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json").write_text(json.dumps(split_ids), encoding="utf-8")
+    for task in ("gigaword", "customization"):
+        (root / task).mkdir(parents=True, exist_ok=True)
+        for split, n in (("train", 8), ("val", 2), ("test", 4)):
+            sources = [" ".join(_sentence(rng, 8) for _ in range(2)) for _ in range(n)]
+            targets = [s.split(".")[0] for s in sources]
+            if task == "gigaword":  # Gigaword's own tokenization: lower case, brackets spelled out
+                sources = [f"-lrb- {s.lower()} -rrb-" for s in sources]
+                targets = [t.lower() for t in targets]
+            for ext, lines in (("source", sources), ("target", targets)):
+                (root / task / f"{split}.{ext}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    (root / "squad_generation").mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 4), ("dev", 2), ("test", 2)):
+        paragraphs = []
+        for _ in range(n):
+            context = " ".join(_sentence(rng, 7) for _ in range(3))
+            answer = context.split()[rng.randint(1, 5)]
+            paragraphs.append({"context": context, "qas": [{"question": _sentence(rng, 5)[:-1] + "?", "id": str(len(paragraphs)),
+                                                            "answers": [{"text": answer}]}]})  # fmt: skip
+        (root / "squad_generation" / f"{split}.json").write_text(json.dumps({"data": [{"paragraphs": paragraphs}]}),
+                                                                  encoding="utf-8")  # fmt: skip
+    (root / "squad").mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 4), ("dev", 2)):  # SQuAD 2.0 (seq_squad.sh; its test split is dev-v2.0.json too)
+        paragraphs = []
+        for p in range(n):
+            context = " ".join(_sentence(rng, 7) for _ in range(3)).lower()
+            words = context.split()
+            answer = words[rng.randint(1, 5)]
+            qas = [{"id": f"{split}-{p}-0", "question": _sentence(rng, 5)[:-1].lower() + "?", "is_impossible": False,
+                    "answers": [{"text": answer, "answer_start": context.index(answer)}]},
+                   {"id": f"{split}-{p}-1", "question": _sentence(rng, 5)[:-1].lower() + "?", "is_impossible": True,
+                    "answers": []}]  # fmt: skip
+            paragraphs.append({"context": context, "qas": qas})
+        (root / "squad" / f"{split}-v2.0.json").write_text(json.dumps({"version": "v2.0", "data": [
+            {"title": "t", "paragraphs": paragraphs}]}), encoding="utf-8")  # fmt: skip
+        v1 = [{**p, "qas": [q for q in p["qas"] if q["answers"]]} for p in paragraphs]  # SQuAD 1.1: all answerable
+        (root / "squad_v1").mkdir(parents=True, exist_ok=True)
+        (root / "squad_v1" / f"{split}-v1.1.json").write_text(json.dumps({"version": "1.1", "data": [
+            {"title": "t", "paragraphs": v1}]}), encoding="utf-8")  # fmt: skip
+    (root / "blank" / "blank").mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 8), ("valid", 2), ("test", 2)):
+        lines = [" ".join(_sentence(rng, 10) for _ in range(2)) for _ in range(n)]
+        (root / "blank" / f"{split}.txt").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+        if split == "test":  # one span of each line blanked
+            blanked = []
+            for line in lines:
+                words = line.split()
+                start = rng.randint(1, len(words) - 3)
+                blanked.append(" ".join(words[:start] + ["<blank>"] + words[start + 2:]))
+            (root / "blank" / "blank" / "test.maskratio0.1.blank").write_text("".join(x + "\n" for x in blanked),
+                                                                             encoding="utf-8")  # fmt: skip
+    # documents longer than --seq-length 128, so that the windows overlap (where --unidirectional differs)
+    (root / "lm" / "lm-test.txt").write_text("".join(" ".join(_sentence(rng, rng.randint(6, 12)) for _ in range(18)) + "\n"
+                                                     for _ in range(4)), encoding="utf-8")  # fmt: skip
+    rows = []
+    for _ in range(8):
+        choices = [_sentence(rng, 2)[:-1].lower() for _ in range(3)]
+        rows.append({"inputs_pretokenized": _sentence(rng, 8)[:-1] + " because", "choices_pretokenized": choices,
+                     "label": rng.randint(0, 2)})  # fmt: skip
+    _jsonl(root / "mc" / "test.jsonl", rows)
 
 
 def _write_more_superglue(root: Path) -> None:
@@ -552,6 +694,30 @@ def _finetune_flags(name: str, data: Path, pretrained: Path, save: Path) -> list
                 "--weight-decay", "1.0e-1", "--pattern-id", pattern, "--save-interval", "10000", "--log-interval", "1",
                 "--eval-interval", "10000000", "--eval-iters", "100", "--batch-size", "4", "--epochs", "2",
                 "--lr", "1e-4", *extra]  # fmt: skip
+    if name in SEQ2SEQ_TASKS and name != "seq2seq":  # seq_<task>.sh's flags, scaled down as seq2seq's
+        beams = [] if name == "blank" else ["--num-beams", "2", "--select-topk", "--no-repeat-ngram-size", "3"]
+        extra = {"blank": ["--blank-maskratio", "0.1"], "squad": ["--validation-metric", "F1"],
+                 "squad_v1": ["--validation-metric", "F1"]}.get(name, [])
+        # at least 4 tokens (seq_xsum.sh asks 10, the others 0): the 10-iteration model would end every output
+        # at once, and the comparison would be of empty strings
+        min_length = "0" if name in ("blank", "squad", "squad_v1") else "4"
+        return [*common, "--task", SEQ2SEQ_TASKS[name], "--data-dir", str(data / name), "--epochs", "1",
+                "--batch-size", "4", "--lr", "1e-4", "--lr-decay-style", "linear", "--warmup", "0.06",
+                "--weight-decay", "1.0e-1", "--label-smoothing", "0.1", "--save-interval", "10000",
+                "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "100", "--eval-epoch", "1",
+                "--src-seq-length", "64", "--tgt-seq-length", "16", "--min-tgt-length", min_length, "--length-penalty", "0.7",
+                *beams, "--eval-batch-size", "1", "--seq-length", "80", "--checkpoint-activations", *extra]  # fmt: skip
+    if name in ("zero_lm", "zero_lm_uni"):  # zero_lm.sh, zero_lm_uni.sh (--unidirectional)
+        return [*common, "--task", "language_model", "--valid-data", str(data / "lm" / "lm-test.txt"),
+                "--eval-batch-size", "4", "--seq-length", "128", "--overlapping-eval", "32",
+                *(["--unidirectional"] if name == "zero_lm_uni" else [])]  # fmt: skip
+    if name == "lambada_uni":  # zero_lambada_uni.sh
+        return [*common, "--task", "lambda", "--valid-data", str(data / "lm" / "lambada_test.jsonl"),
+                "--eval-batch-size", "4", "--seq-length", "128", "--unidirectional"]  # fmt: skip
+    if name == "multichoice":
+        return [*common, "--cloze-eval", "--task", "multichoice", "--test-data", str(data / "mc" / "*.jsonl"),
+                "--seq-length", "64", "--checkpoint-activations", "--eval-batch-size", "4", "--no-load-optim",
+                "--no-load-lr-scheduler", "--epochs", "0"]  # fmt: skip
     if name == "seq2seq":
         return [*common, "--task", "cnn_dm_original", "--data-dir", str(data / "s2s"), "--epochs", "1",
                 "--batch-size", "4", "--lr", "1e-4", "--lr-decay-style", "linear", "--warmup", "0.06",
@@ -668,12 +834,17 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         code, text = up.run_upstream(_launch(side, "generate_samples.py", mode) + flags, tree, env, log, timeout,
                                      stdin=stdin)  # fmt: skip
     else:
+        if name == "squad_v1":
+            env = {**env, **offline_bert_tokenizer(tree, out)}
         hyps = tree / "runs" / name / "test.jsonl.hyps"  # the seq2seq test predictions, one a line (log dir)
         if hyps.exists():
             hyps.unlink()
         flags = _finetune_flags(name, data, pretrained, out / "save") + parallel
         code, text = up.run_upstream(_launch(side, "finetune_glm.py", mode) + flags, tree, env, log, timeout)
-        if code == 0 and name == "seq2seq":
+        if code == 0 and name == "squad_v1":  # its output_func writes {question id: answer} JSON, then .refs
+            for key, answer in sorted(json.loads(hyps.with_suffix("").read_text(encoding="utf-8")).items()):
+                figures.add("answer", f"{key} {answer}")
+        elif code == 0 and name in SEQ2SEQ_TASKS:
             for line in hyps.read_text(encoding="utf-8").splitlines():
                 figures.add("summary", line)
     if code == 0:
@@ -682,6 +853,25 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         read_figures(text, figures)
         figures.items += before
     return SideRun(code, figures, log, failure_cause(code, text) if code else "")
+
+
+def offline_bert_tokenizer(tree: Path, out: Path) -> dict:
+    """The environment under which ``transformers.AutoTokenizer.from_pretrained("bert-base-uncased")`` (the seq2seq
+    SQuADProcessor of seq_squad_v1.sh) loads without a download: a Hugging Face cache under ``out`` holding that repository's tokenizer,
+    made from the BERT vocabulary the tree already reads (``.pytorch_pretrained_bert/``, bert-base-uncased's own),
+    and the hub offline."""
+    home = Path(out) / "hf"
+    repo = home / "hub" / "models--bert-base-uncased"
+    revision = "0" * 40
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision, encoding="utf-8")
+    shutil.copyfile(Path(tree) / up.VOCAB_CACHE, snapshot / "vocab.txt")
+    (snapshot / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True,
+                                                                "model_max_length": 512}), encoding="utf-8")  # fmt: skip
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "bert"}), encoding="utf-8")
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def same(a: str, b: str, rtol: float) -> bool:

@@ -22,8 +22,8 @@ Modes: ``1`` one process; ``dp2`` two processes under torchrun (data parallel);
 ``tp2`` two processes with ``--model-parallel-size 2`` (tensor parallel).
 
 ``--entry-points`` chooses what runs (default ``pretrain``: the modes above and mpu/tests): the
-other entry points of :mod:`harness.entrypoints` (``resume``, ``superglue``, ``copa``, ``seq2seq``,
-``lambada``, ``wikitext``, ``generate``, ``change_mp``; ``all``) run in one process on both sides
+other entry points of :mod:`harness.entrypoints` (``resume``, ``superglue``, ``copa``, ``seq2seq``, ``xsum``,
+``blank``, ``lambada``, ``wikitext``, ``zero_lm``, ``multichoice``, ``generate``, ``change_mp``...; ``all``) run in one process on both sides
 from one pretrained checkpoint, on data written in upstream's formats, and their printed figures
 (losses, accuracies, ROUGE, perplexity, generated text, resharded tensors) must agree within
 ``--entry-rtol``.
@@ -49,6 +49,7 @@ from tqdm import tqdm
 from harness import upstream as up
 from harness.entrypoints import CLUE_TASKS, ENTRY_POINTS, EntryComparison, Figures, SideRun, pretrained_checkpoint, pretrained_mp2, run_entry, write_data
 from harness.entrypoints import MODES as ENTRY_MODES
+from harness.entrypoints import NOT_RUN
 from harness.entrypoints import table as entry_table
 from harness.upstream import ELAPSED, ported_env
 from migrate.rules import Forbid, load_tables
@@ -364,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = (["static checks"] if problems else []) + [c.mode for c in comparisons if not c.ok]
     others = [e for e in entries if e != "pretrain"]
     entry_results = run_entry_points(others, original, ported, workdir, args) if others else []
+    if "all" in args.entry_points:  # upstream's scripts that no entry point runs, and why
+        for script, why in NOT_RUN.items():
+            print(f"not run: {script}: {why}")
     failed += [c.name for c in entry_results if not c.ok]
     scripts = [] if args.no_mpu_tests or "pretrain" not in entries else up.MPU_TESTS
     for script in tqdm(scripts, desc="mpu/tests", unit="script", disable=None):

@@ -71,11 +71,11 @@ KINDS: dict[Kind, KindSpec] = {
     Kind.MODULE: KindSpec(True, Site.NAME, Mock.MODULE, None, "module"),
     Kind.SYMBOL: KindSpec(True, Site.NAME, Mock.SYMBOL, None, "symbol"),
     Kind.CALL: KindSpec(True, Site.CALLEE, Mock.SYMBOL_IF_PLAIN, None, "call (arguments edited)",
-                        frozenset({"signature", "rename", "drop", "strip_methods", "add", "scope"})),
+                        frozenset({"signature", "rename", "drop", "keywords", "strip_methods", "add", "scope"})),
     Kind.ARGUMENT: KindSpec(True, Site.CALLEE, Mock.NOT_COVERED, None, "argument value",
                             frozenset({"keyword", "assigned"})),
     Kind.METHOD: KindSpec(True, Site.METHOD, Mock.IGNORED, None, "method call",
-                          frozenset({"signature", "rename", "drop", "method", "receiver"})),
+                          frozenset({"signature", "rename", "drop", "keywords", "method", "receiver"})),
     Kind.UNSUPPORTED: KindSpec(False, Site.NAME, Mock.NOT_COVERED, "unconverted", "unsupported (reported)"),
     Kind.REPORT: KindSpec(False, Site.NAME, Mock.NOT_COVERED, "kept", "kept (reported)"),
 }

@@ -134,6 +134,7 @@ class ArgEdits:
     drop: frozenset[str] = frozenset()
     strip_methods: frozenset[str] = frozenset()
     add: dict[str, str] = field(default_factory=dict)  # keyword -> expression, already spelled
+    keywords: frozenset[str] = frozenset()  # parameters passed by keyword: a positional one is named
 
     @classmethod
     def from_rule(cls, args: dict, add: dict[str, str] | None = None) -> "ArgEdits":
@@ -143,6 +144,7 @@ class ArgEdits:
             drop=frozenset(args.get("drop", ())),
             strip_methods=frozenset(args.get("strip_methods", ())),
             add=add or {},
+            keywords=frozenset(args.get("keywords", ())),
         )
 
 
@@ -222,7 +224,7 @@ def _edit_args(args: list[cst.Arg], edits: ArgEdits, shifted: bool) -> list[cst.
         if arg.keyword is not None:
             if new != param:
                 arg = arg.with_changes(keyword=cst.Name(new))
-        elif new is not None and (not positional_ok or new != param):
+        elif new is not None and (not positional_ok or new != param or new in edits.keywords):
             # an earlier argument left, so positions no longer line up: name it
             arg = _keyword(new, arg.value).with_changes(comma=arg.comma)
             positional_ok = False

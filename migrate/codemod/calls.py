@@ -121,6 +121,9 @@ class CallRewrites:
             if render is not None:
                 ctx.edit(call, render, [ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target)])
             return
+        if rule.target.rpartition(".")[2] == rule.match:  # x.state_dict(d, p, k): the arguments only
+            self._method_arguments(call, rule)
+            return
         first = ctx.spell(rule.target, scope, call.lineno) + "()"
         edits = ArgEdits.from_rule(rule.args)
         method = rule.args.get("method", rule.match)
@@ -129,6 +132,42 @@ class CallRewrites:
             return
         entry = ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target + "()")
         ctx.edit(call, render, [entry])
+
+    def _method_arguments(self, call: ast.Call, rule: Rule) -> None:
+        """A method rule whose target is the method itself (``shim.nn.Module.state_dict`` for ``state_dict``):
+        the call keeps its receiver and name, its arguments are edited (positional ones named). Left alone
+        and reported where the edit could be wrong: more positional arguments than ``signature`` has, or
+        a method of that name defined in the file with other positional parameters (the receiver may be
+        one of its instances)."""
+        ctx = self.ctx
+        signature = tuple(rule.args.get("signature", ()))
+        if len(call.args) > len(signature):
+            ctx.leave(call.lineno, rule, f"{len(call.args)} positional arguments, {rule.match} takes "
+                                         f"{len(signature)} ({', '.join(signature)}): not rewritten; {rule.note}")
+            return
+        other = self._other_definition(rule.match, signature[:len(call.args)])
+        if other is not None:
+            ctx.leave(call.lineno, rule, f"line {other.lineno} defines {rule.match} with other positional "
+                                         f"parameters, which this call may reach: not rewritten; {rule.note}")
+            return
+        edits = ArgEdits.from_rule(rule.args)
+        render = ctx.checked(call, rule, lambda text: rewrite_call(text, edits))
+        if render is None or render(ctx.segment(call)) == ctx.segment(call):
+            return  # unrewritable (reported), or already keywords
+        ctx.edit(call, render, [ctx.change(call.lineno, rule, ctx.segment(call), "", rule.target)])
+
+    def _other_definition(self, name: str, params: tuple[str, ...]) -> ast.FunctionDef | None:
+        """A method ``name`` defined in a class of this file whose positional parameters after ``self``
+        are not ``params`` in that order (positional-only ones never are); None if every one is."""
+        for node in ast.walk(self.ctx.tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                    own = [a.arg for a in (*item.args.posonlyargs, *item.args.args)][1:]
+                    if item.args.posonlyargs[1:] or any(a != b for a, b in zip(own, params)):
+                        return item
+        return None
 
     # -- importlib.import_module("name"): a literal name mapped as an import ----
     def _import_module_call(self, call: ast.Call) -> None:

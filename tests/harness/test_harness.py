@@ -163,6 +163,69 @@ def test_more_superglue_and_clue_data_hold_what_upstreams_readers_check(tmp_path
     assert "--tokenizer-model-type" not in flags and "--task-mask" in flags and "--fix-command-token" in flags
 
 
+def test_seq2seq_zero_shot_and_multichoice_data_hold_what_upstreams_readers_read(tmp_path):
+    """The data of seq_xsum.sh, seq_gigaword.sh, seq_squad_generation.sh, seq_blank.sh, seq_customization.sh,
+    zero_lm.sh and evaluate_multichoice.sh, in the layout upstream's readers open (tasks/seq2seq/dataset.py,
+    tasks/language_model/dataset.py, tasks/superglue/dataset.py's MultiChoiceDataset)."""
+    root = entrypoints.write_data(tmp_path)
+    splits = json.loads((root / "xsum" / "XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json").read_text())
+    assert set(splits) == {"train", "validation", "test"}
+    for doc in (d for ids in splits.values() for d in ids):  # XSumProcessor: [SN]KEY[SN] sections, one per line
+        text = (root / "xsum" / f"{doc}.summary").read_text()
+        assert "[SN]FIRST-SENTENCE[SN]\n" in text and "[SN]RESTBODY[SN]\n" in text
+    for task in ("gigaword", "customization"):
+        for split in ("train", "val", "test"):
+            sources = (root / task / f"{split}.source").read_text().splitlines()
+            assert len(sources) == len((root / task / f"{split}.target").read_text().splitlines()) > 0
+    assert (root / "gigaword" / "train.source").read_text().startswith("-lrb- ")
+    for split in ("train", "dev", "test"):  # SQuADGenerationProcessor: data -> paragraphs -> qas -> answers
+        paragraph = json.loads((root / "squad_generation" / f"{split}.json").read_text())["data"][0]["paragraphs"][0]
+        qa = paragraph["qas"][0]
+        assert qa["question"].endswith("?") and qa["answers"][0]["text"] in paragraph["context"]
+    for version, name in (("v2.0", "squad"), ("v1.1", "squad_v1")):  # SQuAD's JSON; 1.1 without unanswerable questions
+        for split in ("train", "dev"):
+            for paragraph in json.loads((root / name / f"{split}-{version}.json").read_text())["data"][0]["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    assert qa["id"] and all(paragraph["context"][a["answer_start"]:].startswith(a["text"])
+                                            for a in qa["answers"])  # fmt: skip
+                    assert qa["answers"] or name == "squad"
+    blanked = (root / "blank" / "blank" / "test.maskratio0.1.blank").read_text().splitlines()
+    assert len(blanked) == len((root / "blank" / "test.txt").read_text().splitlines())
+    assert all(line.count("<blank>") == 1 for line in blanked) and (root / "blank" / "valid.txt").is_file()
+    documents = (root / "lm" / "lm-test.txt").read_text().splitlines()  # longer than --seq-length 128: windows
+    assert documents and all(len(d.split()) > 128 for d in documents)
+    for row in map(json.loads, (root / "mc" / "test.jsonl").read_text().splitlines()):
+        assert row["inputs_pretokenized"] and len(row["choices_pretokenized"]) == 3
+        assert row["label"] in range(3)
+    flags = {name: entrypoints._finetune_flags(name, root, tmp_path / "P", tmp_path / "S")
+             for name in entrypoints.ONE_PROCESS if name in entrypoints.SEQ2SEQ_TASKS or "lm" in name
+             or name in ("lambada_uni", "multichoice")}  # fmt: skip
+    assert flags["xsum"][flags["xsum"].index("--task") + 1] == "xsum"
+    assert "--unidirectional" in flags["zero_lm_uni"] and "--unidirectional" not in flags["zero_lm"]
+    assert flags["multichoice"][flags["multichoice"].index("--epochs") + 1] == "0"
+    assert all(entrypoints.MODES[name] == ("1",) for name in flags)
+
+
+def test_squad_v1s_hub_tokenizer_loads_offline_from_the_trees_vocabulary(tmp_path):
+    """seq_squad_v1.sh's reader calls ``transformers.AutoTokenizer.from_pretrained("bert-base-uncased")``: under
+    :func:`entrypoints.offline_bert_tokenizer`'s environment it loads, without a network, the tree's own vocabulary."""
+    import os
+    import subprocess
+    import sys
+
+    tree = tmp_path / "GLM"
+    (tree / entrypoints.up.VOCAB_CACHE).parent.mkdir(parents=True)
+    (tree / entrypoints.up.VOCAB_CACHE).write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\n##s\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(entrypoints.offline_bert_tokenizer(tree, tmp_path / "out"))
+    code = ("import transformers; t = transformers.AutoTokenizer.from_pretrained('bert-base-uncased'); "
+            "e = t('The cats', return_offsets_mapping=True, add_special_tokens=False); "
+            "print(e['input_ids'], [list(o) for o in e['offset_mapping']])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "[5, 6, 7] [[0, 3], [4, 7], [7, 8]]"
+
+
 def test_overall_figure_stops_where_another_ranks_output_runs_into_its_line():
     line = (" >> |epoch: 0| overall: total = 8 f1a = 0.5455 em = 0.2500 acc = 37.5000/tmp/GLM/model/downstream.py:122: "
             "FutureWarning: Positional args are being deprecated")

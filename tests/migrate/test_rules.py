@@ -14,12 +14,23 @@ RULES = load_rules()
 
 
 def _resolves(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return True
-    except ImportError:
-        module, _, attribute = name.rpartition(".")
-        return hasattr(importlib.import_module(module), attribute)
+    """``name`` imports, or is an attribute path under the longest prefix that does
+    (``shim.nn.Module.state_dict``: a method rule's target)."""
+    module, attributes = name, []
+    while True:
+        try:
+            found = importlib.import_module(module)
+            break
+        except ImportError:
+            module, _, attribute = module.rpartition(".")
+            attributes.insert(0, attribute)
+            if not module:
+                return False
+    for attribute in attributes:
+        if not hasattr(found, attribute):
+            return False
+        found = getattr(found, attribute)
+    return True
 
 
 @pytest.mark.parametrize("rule", [r for r in RULES if r.target], ids=lambda r: r.code)

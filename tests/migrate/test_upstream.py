@@ -32,6 +32,12 @@ def test_upstream_migrates_cleanly_and_idempotently(upstream, tmp_path):
         ast.parse(data, filename=str(path))  # every rewritten file still parses
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_bytes(data)
+    # nn.Module.state_dict's positional form (TRC004): the five wrappers that forward it, no other call
+    # (optimizers' and schedulers' state_dict() take no arguments; definitions are no calls)
+    positional = sorted((str(r.report.path), c["line"]) for r in results if r.report
+                        for c in r.report.changes if c["code"] == "TRC004")  # fmt: skip
+    assert [p for p, _ in positional] == ["fp16/fp16.py", "model/distributed.py", "model/distributed.py",
+                                          "model/downstream.py", "model/downstream.py"], positional
     pretrain = migrated[next(p for p in migrated if p.name == "pretrain_glm.py")].decode()
     assert "torch.nn.functional.sparse_softmax_cross_entropy(logits," in pretrain
     assert "deepspeed.checkpointing" not in pretrain
