@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
                         "embedded random-init tiny model, built on the fly with no downloads")
+    parser.add_argument("--ptuning_checkpoint", "--ptuning-checkpoint", metavar="DIR", default=None,
+                        help="a P-Tuning v2 checkpoint (THUDM ptuning/'s or glm-finetune --pre_seq_len's output: "
+                        "pytorch_model.bin of transformer.prefix_encoder.*, config.json) run on --model, its base "
+                        "(default: none)")
     parser.add_argument("--chat-format", choices=CHAT_FORMATS, default=None,
                         help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
                         "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
@@ -97,9 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(model_dir, device="cpu", dtype=None, chat_format=None):
+def load(model_dir, device="cpu", dtype=None, chat_format=None, ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
-    ``chat_format`` None: the directory's own (the embedded model: chatglm2)."""
+    ``chat_format`` None: the directory's own (the embedded model: chatglm2). ``ptuning_checkpoint``: a
+    P-Tuning v2 prefix for the directory's model (``weights.read_ptuning_checkpoint``)."""
     if model_dir is None:
         from glm_port.models.chatglm2.tiny import build_tiny
 
@@ -107,7 +112,8 @@ def load(model_dir, device="cpu", dtype=None, chat_format=None):
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
     from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
 
-    config = check_directory(model_dir, quantized=True)  # family, shards, weight names before tokenizer and weights
+    # family, shards, weight names (and a P-Tuning prefix's fit) before tokenizer and weights
+    config = check_directory(model_dir, quantized=True, ptuning_checkpoint=ptuning_checkpoint)
     if chat_format == "chatglm3" and detect_chat_format(model_dir) != "chatglm3":
         # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
         raise WeightsError(f"--chat-format chatglm3: {model_dir}'s tokenizer is ChatGLM2's, which has no "
@@ -116,7 +122,7 @@ def load(model_dir, device="cpu", dtype=None, chat_format=None):
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise WeightsError(f"{model_dir}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({config.padded_vocab_size})")
-    return load_pretrained(model_dir, dtype=dtype, device=device), tokenizer
+    return load_pretrained(model_dir, dtype=dtype, device=device, ptuning_checkpoint=ptuning_checkpoint), tokenizer
 
 
 def _text(response) -> str:
@@ -197,6 +203,8 @@ def check_options(args) -> str | None:
         return f"--repetition-penalty must be a number > 0 (1: off), got {args.repetition_penalty}"
     if any(not stop for stop in args.stop or []):
         return "--stop must be a non-empty text"
+    if args.ptuning_checkpoint is not None and args.model is None:
+        return "--ptuning_checkpoint needs --model, the base model it was trained on"
     from glm_port.models import check_quantize
 
     problem = check_quantize(args.quantize, args.quantize_group_size)
@@ -250,7 +258,8 @@ def _main(argv=None) -> int:
             from glm_port.models.chatglm2.generation import check_quantize
 
             check_quantize(args.model, args.quantize, args.quantize_group_size)
-        model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
+        model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format,
+                                args.ptuning_checkpoint)
     except (WeightsError, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
         return 2
