@@ -116,6 +116,8 @@ def _check_features(args) -> None:
                             f"and LoRA exclude each other (one kind of tuning a run)")
     if args.prefix_projection and args.pre_seq_len is None and not args.ptuning_checkpoint:
         raise FinetuneError("--prefix_projection needs --pre_seq_len")
+    if args.ptuning_checkpoint and not Path(args.ptuning_checkpoint).is_dir():
+        raise FinetuneError(f"--ptuning_checkpoint {args.ptuning_checkpoint}: no such directory")
     if ptuning and args.tensor_parallel_degree > 1:
         raise FinetuneError(f"{ptuning} with --tensor_parallel_degree {args.tensor_parallel_degree}: a P-Tuning "
                             f"prefix is not split by tensor parallelism")
@@ -299,8 +301,6 @@ def _check_inputs(args) -> None:
         raise FinetuneError("--merge_tensor_parallel_path with LoRA: the adapter is saved whole, there are no shards "
                             "to merge; fold it into its base with glm-export (or train with --merge_lora at "
                             "tensor-parallel size 1)")
-    if args.ptuning_checkpoint and not Path(args.ptuning_checkpoint).is_dir():
-        raise FinetuneError(f"--ptuning_checkpoint {args.ptuning_checkpoint}: no such directory")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")

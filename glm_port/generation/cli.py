@@ -223,6 +223,9 @@ def check_features(family, args) -> None:
     )
     if args.ptuning_checkpoint and args.static_cache:
         raise UsageError("--ptuning_checkpoint with --static-cache: a P-Tuning prefix runs with a growing cache")
+    if args.ptuning_checkpoint and args.tensor_parallel_size > 1:
+        raise UsageError(f"--ptuning_checkpoint with --tensor-parallel-size {args.tensor_parallel_size}: a P-Tuning "
+                         f"prefix is not split by tensor parallelism")
 
 
 def detect_family(path):

@@ -2,6 +2,7 @@
 and values, only the prefix trained, THUDM's checkpoint layout (the prefix keys alone), its loading by
 glm-chat / glm-generate / glm-finetune, and the refusals (LoRA at once, a checkpoint that does not fit)."""
 
+import io
 import json
 import re
 
@@ -199,10 +200,13 @@ def test_glm_chat_and_glm_generate_run_a_ptuning_checkpoint(tmp_path, capsys):
     _, base, checkpoint = write_checkpoint(tmp_path)
     assert glm_chat.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "--prompt", "hi",
                           "--greedy", "--max-new-tokens", "4"]) == 0
-    generate.main(["--model", str(base), "--ptuning-checkpoint", str(checkpoint), "--max-new-tokens", "4",
-                   "--json", "the cat"])
-    out = capsys.readouterr().out
-    assert out.startswith("用户：hi\nChatGLM：") and json.loads(out.splitlines()[-1])["prompt"] == "the cat"
+    assert capsys.readouterr().out.startswith("用户：hi\nChatGLM：")
+    out = io.StringIO()  # run's own streams: main's default is the sys.stdout of the import
+    args = generate.build_parser().parse_args(["--model", str(base), "--ptuning-checkpoint", str(checkpoint),
+                                               "--max-new-tokens", "4", "--json", "the cat"])
+    generate.run(args, out=out, err=io.StringIO())
+    result = json.loads(out.getvalue())
+    assert result["prompt"] == "the cat" and result["text"].startswith("the cat")
 
 
 def test_finetune_trains_the_prefix_lowers_the_loss_and_saves_only_its_keys(tmp_path, capsys):
@@ -270,6 +274,9 @@ def test_finetune_refuses_ptuning_with_lora_glm_and_tensor_parallel(tmp_path, ca
     err = finetune_refusal(["--model_name_or_path", "chatglm2-tiny", "--pre_seq_len", "4",
                             "--tensor_parallel_degree", "2"], out, capsys)
     assert err.endswith("a P-Tuning prefix is not split by tensor parallelism")
+    err = finetune_refusal(["--model_name_or_path", "chatglm2-tiny", "--ptuning_checkpoint", str(tmp_path / "no")],
+                           out, capsys)
+    assert err == f"glm-finetune: error: --ptuning_checkpoint {tmp_path / 'no'}: no such directory"
     err = finetune_refusal(["--model_name_or_path", "chatglm2-tiny", "--prefix_projection"], out, capsys)
     assert err == "glm-finetune: error: --prefix_projection needs --pre_seq_len"
 
@@ -341,6 +348,11 @@ def test_a_checkpoint_given_as_the_model_or_a_base_as_the_checkpoint_is_named(tm
         generate.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "--static-cache", "hi"])
     assert capsys.readouterr().err.strip() == ("glm-generate: error: --ptuning_checkpoint with --static-cache: a "
                                                "P-Tuning prefix runs with a growing cache")
+    with pytest.raises(SystemExit):  # before any process group starts
+        generate.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "--tensor-parallel-size", "2",
+                       "hi"])
+    assert capsys.readouterr().err.strip() == ("glm-generate: error: --ptuning_checkpoint with --tensor-parallel-size "
+                                               "2: a P-Tuning prefix is not split by tensor parallelism")
     assert glm_chat.main(["--ptuning_checkpoint", str(checkpoint), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == ("glm-chat: error: --ptuning_checkpoint needs --model, the base model it "
                                                "was trained on")
