@@ -33,7 +33,7 @@ import torch
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument, parse_dtype
 from glm_port.generation.text import bad_utf8, tolerant_stdin
-from glm_port.models import FAMILIES, TINY_FAMILY, WeightsError, family_at, family_for
+from glm_port.models import FAMILIES, TINY_FAMILY, Unsupported, WeightsError, family_at, family_for
 
 
 def chat_family(model_dir):
@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
                         "embedded random-init tiny model, built on the fly with no downloads")
+    parser.add_argument("--ptuning_checkpoint", "--ptuning-checkpoint", metavar="DIR", default=None,
+                        help="a P-Tuning v2 checkpoint (THUDM ptuning/'s or glm-finetune --pre_seq_len's output: "
+                        "pytorch_model.bin of transformer.prefix_encoder.*, config.json) run on --model, its base "
+                        "(default: none)")
     parser.add_argument("--chat-format", choices=chat_formats(), default=None,
                         help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
                         "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
@@ -133,15 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(model_dir, device="cpu", dtype=None, chat_format=None):
+def load(model_dir, device="cpu", dtype=None, chat_format=None, ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
-    ``chat_format`` None: the directory's own (the embedded model: chatglm2)."""
+    ``chat_format`` None: the directory's own (the embedded model: chatglm2). ``ptuning_checkpoint``: a
+    P-Tuning v2 prefix for the directory's model (refused for a family without prefix tuning)."""
     family = chat_family(model_dir)
     if model_dir is None:
         model, tokenizer = family.binding("tiny").build_tiny(**({"chat_format": chat_format} if chat_format else {}))
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
-    # the family's loader: its directory (files, weight names) and the chat format checked before the weights
-    return family.binding("conversation").load(model_dir, device=device, dtype=dtype, chat_format=chat_format)
+    # the family's loader: its directory (files, weight names, a P-Tuning prefix's fit) and the chat format
+    # checked before the weights
+    prefix = {}
+    if ptuning_checkpoint is not None:  # only families declaring prefix tuning take the keyword
+        family.require(("--ptuning_checkpoint", "prefix_tuning"))
+        prefix = {"ptuning_checkpoint": ptuning_checkpoint}
+    return family.binding("conversation").load(model_dir, device=device, dtype=dtype, chat_format=chat_format,
+                                               **prefix)
 
 
 def _text(response) -> str:
@@ -222,6 +233,8 @@ def check_options(args) -> str | None:
         return f"--repetition-penalty must be a number > 0 (1: off), got {args.repetition_penalty}"
     if any(not stop for stop in args.stop or []):
         return "--stop must be a non-empty text"
+    if args.ptuning_checkpoint is not None and args.model is None:
+        return "--ptuning_checkpoint needs --model, the base model it was trained on"
     from glm_port.models import check_quantize
 
     problem = check_quantize(args.quantize, args.quantize_group_size)
@@ -272,8 +285,9 @@ def _main(argv=None) -> int:
         if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
             chat_family(args.model).binding("conversation").check_quantize(args.model, args.quantize,
                                                                            args.quantize_group_size)
-        model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
-    except (WeightsError, OSError) as exc:
+        model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format,
+                                args.ptuning_checkpoint)
+    except (WeightsError, Unsupported, OSError) as exc:
         print(f"glm-chat: error: {exc}", file=sys.stderr)
         return 2
     family = family_for(model.config.model_type)

@@ -12,7 +12,8 @@ REFUSED = {
     "--sharding": "sharded data parallel is not implemented; use --tensor_parallel_degree or torchrun data parallel",
     "--sharding_parallel_degree": "sharded data parallel is not implemented",
     "--pipeline_parallel_degree": "pipeline parallel finetuning is not implemented (glm-generate does pipeline inference)",
-    "--prefix_tuning": "prefix tuning is not implemented; use --lora",
+    "--prefix_tuning": "PaddleNLP's prefix tuning is not implemented; THUDM's P-Tuning v2 is --pre_seq_len N "
+                       "(ChatGLM2 family), or use --lora",
     "--ptq": "post-training quantization is not implemented",
     "--qat": "quantization-aware training is not implemented",
     "--quantize": "quantized layers are for inference (no gradient); finetune in float, then glm-chat/glm-generate --quantize",
@@ -136,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
          "e.g. final_layernorm")
     switch("--merge_lora", "fold the adapters into the weights when saving the final model")
 
+    groups.append(parser.add_argument_group("P-Tuning v2 (THUDM ChatGLM2 ptuning/; ChatGLM2 family)"))
+    flag("--pre_seq_len", type=int, default=None,
+         help="train a prefix of this many learned key/value positions before every layer's keys, the model frozen; "
+         "saved as THUDM does (pytorch_model.bin of transformer.prefix_encoder.* and config.json)")
+    switch("--prefix_projection", "the prefix through THUDM's Linear-Tanh-Linear projection (P-Tuning v2 with "
+           "reparameterization)")
+    flag("--ptuning_checkpoint", default=None,
+         help="a P-Tuning checkpoint (THUDM's or this command's output) to evaluate, predict with or train on "
+         "further, its base --model_name_or_path")
+
     groups.append(parser.add_argument_group("generation (evaluation, prediction)"))
     flag("--num_beams", type=int, default=1, help="beam search width (1: greedy; the embedded run: 3)")
     flag("--min_tgt_length", type=int, default=0, help="generate at least this many tokens")
@@ -164,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "gradient_accumulation_steps", "tensor_parallel_degree", "num_beams"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.pre_seq_len is not None and args.pre_seq_len < 1:
+        parser.error(f"--pre_seq_len must be at least 1, got {args.pre_seq_len}")
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
     args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]

@@ -2,6 +2,7 @@
 
     glm-finetune                                  # embedded toy task, small random GLM, CPU, scores rising
     glm-finetune --lora                           # the same with LoRA adapters
+    glm-finetune --model_name_or_path chatglm2-tiny --pre_seq_len 8   # P-Tuning v2 (THUDM ptuning/)
     glm-finetune --model_name_or_path glm-large-chinese --train_file train.json --eval_file dev.json \\
         --dataset_layout dureaderqg --do_train --do_eval --lora --num_beams 5 ...
     torchrun --nproc_per_node 2 -m glm_port.finetune --tensor_parallel_degree 2 ...
@@ -60,6 +61,8 @@ def _default_run(args, argv) -> bool:
             setattr(args, name, value)
     if "lora" in given and "learning_rate" not in given:
         args.learning_rate = 5e-3  # adapters only: a larger step
+    if "pre_seq_len" in given and "learning_rate" not in given:
+        args.learning_rate = 2e-2  # a prefix only: THUDM ptuning/train.sh's rate
     return True
 
 
@@ -84,6 +87,7 @@ class Session:
     # The dtype the checkpoint held (what the finetuned model is saved in) when a full finetune keeps fp32
     # master weights (``master_weights``); None: the weights are saved as they are held.
     save_dtype: torch.dtype | None = None
+    ptuning: bool = False  # a P-Tuning v2 prefix trains (saved alone, THUDM's layout)
 
 
 # ---- model -------------------------------------------------------------------------------------------
@@ -106,6 +110,17 @@ def _family(args):
 def _check_features(args) -> None:
     """What the flags ask for, against what the model's family declares (``Family.supports``): one line for
     anything it lacks, before anything is loaded or written."""
+    ptuning = _ptuning_flag(args)
+    if ptuning and (args.lora or args.lora_path):
+        raise FinetuneError(f"{ptuning} with {'--lora' if args.lora else '--lora_path ' + args.lora_path}: P-Tuning "
+                            f"and LoRA exclude each other (one kind of tuning a run)")
+    if args.prefix_projection and args.pre_seq_len is None and not args.ptuning_checkpoint:
+        raise FinetuneError("--prefix_projection needs --pre_seq_len")
+    if args.ptuning_checkpoint and not Path(args.ptuning_checkpoint).is_dir():
+        raise FinetuneError(f"--ptuning_checkpoint {args.ptuning_checkpoint}: no such directory")
+    if ptuning and args.tensor_parallel_degree > 1:
+        raise FinetuneError(f"{ptuning} with --tensor_parallel_degree {args.tensor_parallel_degree}: a P-Tuning "
+                            f"prefix is not split by tensor parallelism")
     family = _family(args)
     conversation = (args.history_column and f"--history_column {args.history_column}") or \
         (args.dataset_layout == "conversations" and "--dataset_layout conversations")
@@ -117,7 +132,15 @@ def _check_features(args) -> None:
          "tensor_parallel"),
         (args.recompute and "--recompute", "recompute"),
         ((args.lora and "--lora") or (args.lora_path and "--lora_path"), "lora"),
+        (_ptuning_flag(args), "prefix_tuning"),
     )
+
+
+def _ptuning_flag(args) -> str | None:
+    """How the command line asked for P-Tuning v2 (None: it did not)."""
+    if args.pre_seq_len is not None:
+        return f"--pre_seq_len {args.pre_seq_len}"
+    return args.ptuning_checkpoint and f"--ptuning_checkpoint {args.ptuning_checkpoint}"
 
 
 def _binding(args):
@@ -287,6 +310,7 @@ def _check_outputs(args, toy: bool) -> None:
     out = Path(args.output_dir)
     model = args.model_name_or_path if args.model_name_or_path not in (None, *_embedded()) else None
     inputs = [("--model_name_or_path", model), ("--lora_path", args.lora_path),
+              ("--ptuning_checkpoint", args.ptuning_checkpoint),
               ("--tokenizer_name_or_path", args.tokenizer_name_or_path)]
     if not toy:  # the embedded task is written by this run, in --output_dir/toy_task
         inputs += [("--train_file", args.train_file), ("--eval_file", args.eval_file), ("--test_file", args.test_file)]
@@ -323,23 +347,26 @@ def setup(args) -> Session:
     tokenizer_path = Path(args.tokenizer_name_or_path).expanduser() if args.tokenizer_name_or_path else None
     if tokenizer_path is not None and not tokenizer_path.exists():
         raise FinetuneError(f"--tokenizer_name_or_path {tokenizer_path}: no such file or directory")
+    ptuning = bool(_ptuning_flag(args))
+    prefix = dict(pre_seq_len=args.pre_seq_len, prefix_projection=args.prefix_projection,
+                  ptuning_checkpoint=args.ptuning_checkpoint) if ptuning else {}
     try:
-        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path)
+        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix)
     except FileNotFoundError as error:  # no vocabulary recorded beside the weights
         if tokenizer_path is not None:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    full = not (args.lora or args.lora_path)
+    full = not (args.lora or args.lora_path or ptuning)
     save_dtype = None
     if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
         held = master_weights(base)
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
-    model = base if full else apply_lora(args, base)
+    model = base if full or ptuning else apply_lora(args, base)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
-                   home, save_dtype)
+                   home, save_dtype, ptuning)
 
 
 def master_weights(model) -> torch.dtype | None:
@@ -466,6 +493,15 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
     rank calls this) each rank writes its shard in upstream's ``mp_rank_XX`` layout; ``glm-merge`` or
     ``from_pretrained`` at any tensor-parallel size merges them."""
     env, model, binding = session.env, session.model, session.binding
+    if session.ptuning:  # THUDM's layout: the prefix encoder's weights alone, config.json, the tokenizer
+        if env.is_main:
+            binding.save_prefix(model, session.tokenizer, directory, session.tokenizer_source)
+            follow_umask(directory)
+            base_dir = session.output_dir / "base"
+            if session.source is None and not base_dir.exists():  # the embedded base is random: kept beside
+                binding.save_base(model, session.tokenizer, base_dir, session.tokenizer_source)
+                follow_umask(base_dir)
+        return
     if hasattr(model, "peft_config") and not args.merge_lora:
         from glm_port.finetune.lora import base_fingerprint, full_adapter_state_dict
 

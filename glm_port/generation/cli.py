@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per result: prompt, text, generated_ids (per blank), marked, sequence "
                              "(default: the marked form and the plain text)")
+    parser.add_argument("--ptuning_checkpoint", "--ptuning-checkpoint", metavar="DIR", default=None,
+                        help="ChatGLM2 family: a P-Tuning v2 checkpoint (THUDM ptuning/'s output) run on --model, "
+                             "its base (default: none)")
     parser.add_argument("--tokenizer-type", default=None,
                         help="vocabulary type as glm-pretrain takes it (default: read beside the weights, else "
                              "glm-pretrain's built-in tokenizer)")
@@ -215,7 +218,13 @@ def check_features(family, args) -> None:
          "pipeline_parallel"),
         (args.static_cache and "--static-cache", "static_cache"),
         (args.quantize and f"--quantize {args.quantize}", "quantize"),
+        (args.ptuning_checkpoint and f"--ptuning_checkpoint {args.ptuning_checkpoint}", "prefix_tuning"),
     )
+    if args.ptuning_checkpoint and args.static_cache:
+        raise UsageError("--ptuning_checkpoint with --static-cache: a P-Tuning prefix runs with a growing cache")
+    if args.ptuning_checkpoint and args.tensor_parallel_size > 1:
+        raise UsageError(f"--ptuning_checkpoint with --tensor-parallel-size {args.tensor_parallel_size}: a P-Tuning "
+                         f"prefix is not split by tensor parallelism")
 
 
 def detect_family(path):
@@ -265,9 +274,10 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
     parallel = InferenceParallel.from_environment(args.tensor_parallel_size, args.pipeline_parallel_size,
                                                   args.pipeline_num_layers, device=args.device)
     try:
+        prefix = {"ptuning_checkpoint": args.ptuning_checkpoint} if args.ptuning_checkpoint else {}
         model, tokenizer = backend.load(args.model, dtype=args.dtype, device=parallel.device,
                                         tokenizer_type=args.tokenizer_type, tokenizer_path=args.tokenizer_path,
-                                        tensor_parallel=parallel.model_parallel())
+                                        tensor_parallel=parallel.model_parallel(), **prefix)
         parallel.seed(args.seed)
         mine = list(parallel.my_prompts(len(prompts)))
         if args.quantize:  # in place of the CPU repacking; a group size not dividing a row: one line, exit 2

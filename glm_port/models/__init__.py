@@ -24,6 +24,7 @@ FEATURES: dict[str, str] = {
     "export": "glm-export",
     "decode_graph": "a decode-step graph (ONNX, torch.export)",
     "quantize": "weight-only int8/int4 quantization (--quantize)",
+    "prefix_tuning": "P-Tuning v2 prefixes (THUDM's pre_seq_len)",
 }
 
 # ``--quantize`` values and their bits; ``--quantize-group-size`` choices (int4 only; default 128).
@@ -121,11 +122,12 @@ FAMILIES: dict[str, Family] = {
     "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
                   generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
                   hf="glm_port.models.glm.hf_directory",
-                  supports=frozenset(FEATURES)),  # GLM's output is the tied embedding table: no linear to keep
+                  # GLM's output is the tied embedding table: no linear to keep in float (quantize_keep)
+                  supports=frozenset(FEATURES) - {"prefix_tuning"}),
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
                        supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export",
-                                           "quantize"}),
-                       quantize_keep=("*output_layer",),
+                                           "quantize", "prefix_tuning"}),
+                       quantize_keep=("*output_layer", "*prefix_encoder.*"),  # THUDM keeps both in float
                        generation="glm_port.models.chatglm2.generation",
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
                        tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",

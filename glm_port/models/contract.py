@@ -65,9 +65,11 @@ class ConversationBinding(Protocol):
     DEFAULTS: dict  # the family's sampling defaults (top_p, temperature)
     PromptTooLong: type[Exception]  # a turn that no longer fits the model
 
-    def load(self, directory, *, device="cpu", dtype=None, chat_format=None) -> tuple[Any, Any]:
-        """``(model, tokenizer)`` from a directory, ``chat_format`` None: the directory's own; a
-        ``WeightsError`` (one line) for a directory or format it cannot chat with."""
+    def load(self, directory, *, device="cpu", dtype=None, chat_format=None,
+             ptuning_checkpoint=None) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` from a directory, ``chat_format`` None: the directory's own;
+        ``ptuning_checkpoint`` a P-Tuning v2 prefix (passed only to families declaring ``prefix_tuning``); a ``WeightsError``
+        (one line) for a directory or format it cannot chat with."""
 
     def check_quantize(self, path, mode, group_size) -> None: ...
     def chat_format(self, tokenizer) -> str: ...

@@ -41,7 +41,7 @@ def test_glm_finetune_refuses_a_feature_the_family_lacks_before_writing(tmp_path
 
 def test_each_registered_family_declares_what_its_commands_honour():
     """The declarations the commands read (docs/architecture.md, 'What a family supports')."""
-    assert FAMILIES["glm"].supports == frozenset(FEATURES)
+    assert FAMILIES["glm"].supports == frozenset(FEATURES) - {"prefix_tuning"}
     chatglm2 = FAMILIES["chatglm2"].supports
-    assert {"tensor_parallel", "static_cache", "recompute", "lora", "export", "quantize"} <= chatglm2
+    assert {"tensor_parallel", "static_cache", "recompute", "lora", "export", "quantize", "prefix_tuning"} <= chatglm2
     assert "pipeline_parallel" not in chatglm2 and "decode_graph" not in chatglm2

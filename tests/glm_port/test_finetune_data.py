@@ -118,7 +118,8 @@ def test_paddlenlp_flags_parse_and_unsupported_ones_are_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--prefix_tuning", "true"])
     assert exit_info.value.code == 2
-    assert "--prefix_tuning is not supported: prefix tuning is not implemented" in capsys.readouterr().err
+    assert "--prefix_tuning is not supported: PaddleNLP's prefix tuning is not implemented; THUDM's P-Tuning v2 is " \
+           "--pre_seq_len N" in capsys.readouterr().err
 
 
 def test_english_rouge_1_2_l_are_rouge_scores_own_on_different_strings():

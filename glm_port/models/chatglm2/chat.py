@@ -256,7 +256,8 @@ def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", 
         if not isinstance(past_key_values, Cache):
             raise TypeError(f"past_key_values: expected the transformers Cache a previous stream_chat(..., "
                             f"return_past_key_values=True) yielded, got {type(past_key_values).__name__}")
-        past_length = past_key_values.get_seq_length()
+        # A P-Tuning prefix sits in the cache before the conversation; it takes no position (THUDM's stream_chat).
+        past_length = max(past_key_values.get_seq_length() - (model.config.pre_seq_len or 0), 0)
         inputs = _fitting(model, build_stream_inputs(tokenizer, query, history, role), past_length)
     kwargs = {**inputs, **_generate_kwargs(model, tokenizer, inputs, generate_kwargs, past_length)}
     cache = past_key_values

@@ -11,8 +11,10 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# Fields of THUDM's config this port does not implement: value that means "off".
-_UNSUPPORTED = {"pre_seq_len": None}
+# P-Tuning v2 (THUDM's ptuning/): what a command that does not run a prefix (glm-convert, glm-merge, glm-export,
+# glm-serve...) says when a config sets pre_seq_len.
+_PREFIX_REFUSED = ("not supported here (a P-Tuning v2 prefix: glm-chat and glm-generate run one with "
+                   "--ptuning_checkpoint, glm-finetune trains one with --pre_seq_len)")
 
 
 # The keyword transformers names the key/value cache by, in model outputs and generate's model kwargs
@@ -59,6 +61,8 @@ class ChatGLM2Config(PretrainedConfig):
         rope_ratio_scales: str = "base",
         initializer_range: float = 0.02,
         pre_seq_len=None,
+        prefix_projection: bool = False,
+        prefix_hidden_size=None,
         quantization_bit: int = 0,
         use_cache: bool = True,
         **kwargs,
@@ -93,7 +97,12 @@ class ChatGLM2Config(PretrainedConfig):
             raise ValueError(f"rope_ratio_scales={rope_ratio_scales!r}: expected 'base' or 'positions'")
         self.rope_ratio_scales = rope_ratio_scales
         self.initializer_range = initializer_range
+        # P-Tuning v2 (THUDM's ptuning/): pre_seq_len learned key/value positions before every layer's keys, from
+        # an embedding (with prefix_projection, through a Linear-Tanh-Linear whose middle width is
+        # prefix_hidden_size, THUDM's hidden_size when None). None: no prefix.
         self.pre_seq_len = pre_seq_len
+        self.prefix_projection = prefix_projection
+        self.prefix_hidden_size = prefix_hidden_size
         self.quantization_bit = quantization_bit
         kwargs.setdefault("eos_token_id", 2)
         kwargs.setdefault("pad_token_id", 0)
@@ -105,12 +114,19 @@ class ChatGLM2Config(PretrainedConfig):
         """Key/value heads: the multi-query groups, or one per query head without multi-query attention."""
         return self.multi_query_group_num if self.multi_query_attention else self.num_attention_heads
 
-    def check_supported(self, quantized: bool = False) -> None:
-        """A one-line error for THUDM options this port does not run (P-tuning prefixes) and values out of range."""
-        for name, off in _UNSUPPORTED.items():
-            value = getattr(self, name, off)
-            if value not in (off, None, 0):
-                raise ValueError(f"ChatGLM2 config sets {name}={value!r}: not supported by glm_port (use {off!r})")
+    def check_supported(self, quantized: bool = False, prefix: bool = False) -> None:
+        """A one-line error for values out of range and for THUDM options the caller does not run: a P-Tuning
+        prefix (``pre_seq_len``) unless ``prefix``, ``quantization_bit`` unless ``quantized``."""
+        if self.pre_seq_len not in (None, 0):
+            if not prefix:
+                raise ValueError(f"ChatGLM2 config sets pre_seq_len={self.pre_seq_len!r}: {_PREFIX_REFUSED}")
+            if not isinstance(self.pre_seq_len, int) or isinstance(self.pre_seq_len, bool) or self.pre_seq_len < 0:
+                raise ValueError(f"ChatGLM2 config sets pre_seq_len={self.pre_seq_len!r}: expected a number of "
+                                 f"prefix tokens >= 1 (or null for none)")
+        if self.prefix_hidden_size is not None and (not isinstance(self.prefix_hidden_size, int)
+                                                    or self.prefix_hidden_size < 1):
+            raise ValueError(f"ChatGLM2 config sets prefix_hidden_size={self.prefix_hidden_size!r}: expected a "
+                             f"width >= 1 (or null: hidden_size)")
         if self.quantization_bit and not quantized:  # glm-convert, glm-merge, glm-export, glm-finetune...
             raise ValueError(f"ChatGLM2 config sets quantization_bit={self.quantization_bit!r}: a quantized checkpoint "
                              f"is read by glm-chat, glm-generate and load_pretrained only, not here")

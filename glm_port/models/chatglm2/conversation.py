@@ -15,11 +15,12 @@ def accepts_system(tokenizer) -> bool:
     return is_chatglm3(tokenizer)
 
 
-def load(directory, *, device="cpu", dtype=None, chat_format=None):
+def load(directory, *, device="cpu", dtype=None, chat_format=None, ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a ChatGLM2/ChatGLM3 directory (THUDM's, glm-convert's, glm-merge's);
-    ``chat_format`` None: the directory's own. The directory (family, shards, weight names) and the chat format
-    are checked before the tokenizer and the weights are read: a one-line ``WeightsError``."""
-    config = check_directory(directory, quantized=True)
+    ``chat_format`` None: the directory's own; ``ptuning_checkpoint``: a P-Tuning v2 prefix run on it
+    (``weights.read_ptuning_checkpoint``). The directory (family, shards, weight names, the prefix's fit) and the
+    chat format are checked before the tokenizer and the weights are read: a one-line ``WeightsError``."""
+    config = check_directory(directory, quantized=True, ptuning_checkpoint=ptuning_checkpoint)
     if chat_format == "chatglm3" and detect_chat_format(directory) != "chatglm3":
         # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
         raise WeightsError(f"--chat-format chatglm3: {directory}'s tokenizer is ChatGLM2's, which has no "
@@ -28,7 +29,7 @@ def load(directory, *, device="cpu", dtype=None, chat_format=None):
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise WeightsError(f"{directory}: tokenizer.model gives {tokenizer.vocab_size} ids, more than the model's "
                            f"padded_vocab_size ({config.padded_vocab_size})")
-    return load_pretrained(directory, dtype=dtype, device=device), tokenizer
+    return load_pretrained(directory, dtype=dtype, device=device, ptuning_checkpoint=ptuning_checkpoint), tokenizer
 
 
 __all__ = ["CHAT_FORMATS", "DEFAULTS", "PromptTooLong", "accepts_system", "chat_format", "check_quantize", "load",

@@ -27,6 +27,13 @@ sample is the conversation up to its last assistant turn then ``<|assistant|>``,
 gives. On a ChatGLM2 tokenizer a conversation must be user/assistant turns only and reads as a history.
 
 LoRA as MindFormers trains ChatGLM2 on ADGEN: rank 8, alpha 32, dropout 0.1 on ``query_key_value``.
+
+P-Tuning v2 as THUDM's ``ptuning/`` trains it (``--pre_seq_len``, ``--prefix_projection``): the loaded model
+frozen, a prefix encoder in fp32 (THUDM's ``prefix_encoder.float()``) the only trained weights
+(``model.attach_prefix``); saved as THUDM's trainer saves it, ``pytorch_model.bin`` holding only
+``transformer.prefix_encoder.*`` beside ``config.json`` (``pre_seq_len``, ``prefix_projection``) and the
+tokenizer, which ``--ptuning_checkpoint`` (here, in glm-chat and glm-generate, and in THUDM's main.py and
+web_demo.py) puts back on the base model.
 """
 
 from __future__ import annotations
@@ -171,9 +178,13 @@ def lora_config(**overrides):
 EMBEDDED = "chatglm2-tiny"
 
 
-def load(path, device, recompute: bool = False, tokenizer_path=None):
+def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len: int | None = None,
+         prefix_projection: bool = False, ptuning_checkpoint=None):
     """``(model, tokenizer)``: a ChatGLM2 directory, or (None) the embedded random-init tiny model; the
-    tokenizer from ``tokenizer_path`` (a directory holding ``tokenizer.model``, or that file) when given."""
+    tokenizer from ``tokenizer_path`` (a directory holding ``tokenizer.model``, or that file) when given.
+    ``pre_seq_len``: a new P-Tuning v2 prefix of that length (``prefix_projection``: THUDM's MLP) on the
+    frozen model; ``ptuning_checkpoint``: the prefix of that P-Tuning checkpoint (``pre_seq_len`` and
+    ``prefix_projection``, when given, must be its)."""
     from pathlib import Path
 
     from glm_port.models.chatglm2.weights import load_tokenizer
@@ -203,6 +214,18 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
         else:
             model = load_pretrained(path, dtype=None, device=device)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    if ptuning_checkpoint is not None:
+        from glm_port.models.chatglm2.model import attach_prefix
+        from glm_port.models.chatglm2.weights import WeightsError, read_ptuning_checkpoint
+
+        config, state = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
+        if prefix_projection and not config.prefix_projection:
+            raise WeightsError(f"--prefix_projection: the P-Tuning checkpoint {ptuning_checkpoint} has no projection")
+        attach_prefix(model, config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size, state)
+    elif pre_seq_len is not None:
+        from glm_port.models.chatglm2.model import attach_prefix
+
+        attach_prefix(model, pre_seq_len, prefix_projection)
     if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
@@ -339,6 +362,37 @@ def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -
 
 def save(model, tokenizer, directory, source=None) -> None:
     model.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory, source)
+
+
+PREFIX_KEYS = "transformer.prefix_encoder."
+
+
+def save_prefix(model, tokenizer, directory, source=None) -> None:
+    """A P-Tuning checkpoint in THUDM's layout: ``pytorch_model.bin`` holding the prefix encoder's weights
+    (``transformer.prefix_encoder.*``, fp32) and nothing else, ``config.json`` (the base's, with
+    ``pre_seq_len`` and ``prefix_projection``), the tokenizer."""
+    from pathlib import Path
+
+    import torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items() if k.startswith(PREFIX_KEYS)}
+    torch.save(state, directory / "pytorch_model.bin")
+    model.config.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory, source)
+
+
+def save_base(model, tokenizer, directory, source=None) -> None:
+    """The model under a P-Tuning prefix, saved without it (the embedded random base a checkpoint needs)."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size = None, False, None
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(PREFIX_KEYS)}
+    model.save_pretrained(directory, state_dict=state)
+    config.save_pretrained(directory)
     save_tokenizer(tokenizer, directory, source)
 
 

@@ -10,14 +10,16 @@ from glm_port.dtypes import parse_dtype
 from glm_port.models.chatglm2.weights import check_quantize  # noqa: F401  (glm-generate's, before loading)
 
 
-def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
-    """``(model, tokenizer)`` from a ChatGLM2 directory (``tokenizer_path``: another ``tokenizer.model``)."""
+def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None,
+         ptuning_checkpoint=None):
+    """``(model, tokenizer)`` from a ChatGLM2 directory (``tokenizer_path``: another ``tokenizer.model``;
+    ``ptuning_checkpoint``: THUDM P-Tuning v2's output directory, its prefix put on the model)."""
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
     from glm_port.models.chatglm2.weights import check_directory, load_pretrained, load_tokenizer
 
     if tokenizer_type is not None:
         raise ValueError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model")
-    config = check_directory(path, quantized=True)
+    config = check_directory(path, quantized=True, ptuning_checkpoint=ptuning_checkpoint)
     tokenizer = ChatGLM2Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
     if tokenizer.vocab_size > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
@@ -25,8 +27,11 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
     if tensor_parallel is not None and config.quantization_bit:
         raise ValueError(f"{path}: a quantization_bit={config.quantization_bit} checkpoint is not split by tensor "
                          f"parallelism")
+    if tensor_parallel is not None and ptuning_checkpoint is not None:
+        raise ValueError("--ptuning_checkpoint: a P-Tuning prefix is not split by tensor parallelism")
     if tensor_parallel is None:
-        return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
+        return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu",
+                               ptuning_checkpoint=ptuning_checkpoint), tokenizer
     return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer
 
 

@@ -15,6 +15,19 @@ Parameter names are THUDM's, so a ``chatglm2-6b`` directory's weights load as th
 
 (``transformer.rotary_pos_emb.inv_freq`` in THUDM's files is a buffer of constants: ignored on load.)
 
+P-Tuning v2 (THUDM's ``ptuning/``; config ``pre_seq_len`` P set): the model also holds
+
+    transformer.prefix_encoder.embedding.weight                           [P, L * 2 * G * d]
+    transformer.prefix_encoder.trans.{0,2}.{weight,bias}                  with prefix_projection: Linear-Tanh-Linear
+
+and every layer's attention sees P learned keys and values before the sequence's own (``get_prompt``:
+row ``p`` of the encoder's output, read as ``[L, 2 (key | value), G, d]``, gives layer ``l`` its key and
+value at prefix position ``p``; no rotary on them; dropout 0.1 in training). The tokens' positions do not
+count the prefix (position 0 is the first token), the attention mask gets P ones in front, and the rest
+of the model is frozen (``requires_grad`` off), as THUDM's ``ChatGLMModel`` does. With a key/value cache
+the prefix is written into the empty cache first (so a cache's length counts it); without one (training)
+each layer gets its prefix directly, which activation checkpointing can recompute.
+
 One layer, pre-norm: ``x += dense(attn(rope(q), rope(k), v))`` on ``rmsnorm(x)``, then
 ``x += dense_4h_to_h(silu(gate) * up)`` on ``rmsnorm(x)``. Attention is causal, multi-query: H query
 heads share G key/value groups (ChatGLM2-6B: 32 heads of 128, 2 groups), and SDPA reads the G groups
@@ -181,9 +194,15 @@ class SelfAttention(nn.Module):
             q, k, v = qkv.view(b, s, self.num_heads, 3 * d).split(d, dim=-1)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x, cos, sin, mask, cache: Cache | None):
+    def forward(self, x, cos, sin, mask, cache: Cache | None, prompt=None):
         q, k, v = self.split_qkv(self.query_key_value(x))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if prompt is not None:  # a P-Tuning prefix's keys and values, before the sequence's own
+            prefix_k, prefix_v = prompt[0].to(k.dtype), prompt[1].to(v.dtype)
+            if cache is not None:  # an empty cache: the prefix goes in first
+                cache.update(prefix_k, prefix_v, self.layer_idx)
+            else:
+                k, v = torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         dropout = self.config.attention_dropout if self.training else 0.0
@@ -231,9 +250,10 @@ class GLMBlock(nn.Module):
         self.post_attention_layernorm = _norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, cache):
+    def forward(self, x, cos, sin, mask, cache, prompt=None):
         normed = self.input_layernorm(x)
-        attn = F.dropout(self.self_attention(normed, cos, sin, mask, cache), self.hidden_dropout, self.training)
+        attn = F.dropout(self.self_attention(normed, cos, sin, mask, cache, prompt), self.hidden_dropout,
+                         self.training)
         x = (normed if self.post_ln_residual else x) + attn
         normed = self.post_attention_layernorm(x)
         mlp = F.dropout(self.mlp(normed), self.hidden_dropout, self.training)
@@ -256,13 +276,16 @@ class GLMTransformer(nn.Module):
         """Whether this forward keeps only each layer's input, its activations recomputed in backward."""
         return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
-    def forward(self, x, cos, sin, mask, cache):
+    def forward(self, x, cos, sin, mask, cache, prompts=None):
+        """``prompts``: each layer's P-Tuning prefix ``(keys, values)``, ``[batch, G, P, d]`` each, put before
+        the keys, or first into ``cache`` (then empty)."""
         checkpointing = self.checkpointing() and cache is None  # a cache would be written twice on recompute
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
+            prompt = prompts[index] if prompts is not None else None
             if checkpointing:
-                x = self._gradient_checkpointing_func(layer.__call__, x, cos, sin, mask, None)
+                x = self._gradient_checkpointing_func(layer.__call__, x, cos, sin, mask, None, prompt)
             else:
-                x = layer(x, cos, sin, mask, cache)
+                x = layer(x, cos, sin, mask, cache, prompt)
         return self.final_layernorm(x) if hasattr(self, "final_layernorm") else x
 
 
@@ -273,6 +296,42 @@ class Embedding(nn.Module):
 
     def forward(self, input_ids):
         return self.word_embeddings(input_ids)
+
+
+# THUDM's get_prompt drops this share of the prefix's keys and values in training (a constant there too).
+PREFIX_DROPOUT = 0.1
+
+
+class PrefixEncoder(nn.Module):
+    """THUDM's ``PrefixEncoder``: prefix position -> that position's keys and values for every layer,
+    ``[..., L * 2 * G * d]`` (an embedding, or with ``prefix_projection`` an embedding through
+    ``Linear(w, m) -> Tanh -> Linear(m, w)``, ``w = L * 2 * G * d``, ``m`` = ``prefix_hidden_size`` or
+    ``hidden_size``). Initialised as torch initialises these layers (THUDM's model leaves them so)."""
+
+    def __init__(self, config: ChatGLM2Config):
+        super().__init__()
+        width = prefix_width(config)
+        self.prefix_projection = bool(config.prefix_projection)
+        self.embedding = nn.Embedding(config.pre_seq_len, width)
+        if self.prefix_projection:
+            middle = config.prefix_hidden_size or config.hidden_size
+            self.trans = nn.Sequential(nn.Linear(width, middle), nn.Tanh(), nn.Linear(middle, width))
+        for module in self.modules():
+            module._prefix_init = True  # ChatGLM2PreTrainedModel._init_weights: reset_parameters, not N(0, 0.02)
+
+    def reset_parameters(self):
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def forward(self, prefix):
+        embedded = self.embedding(prefix)
+        return self.trans(embedded) if self.prefix_projection else embedded
+
+
+def prefix_width(config: ChatGLM2Config) -> int:
+    """One prefix position's keys and values over every layer: ``L * 2 * G * d`` (THUDM's ``kv_size``)."""
+    return config.num_layers * 2 * config.num_key_value_heads * config.kv_channels
 
 
 class ChatGLM2PreTrainedModel(PreTrainedModel):
@@ -286,6 +345,10 @@ class ChatGLM2PreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
+        if getattr(module, "_prefix_init", False):  # the prefix encoder: torch's own initialisation (THUDM's)
+            if isinstance(module, PrefixEncoder):
+                module.reset_parameters()
+            return
         if isinstance(module, nn.Linear1D) and module.output_replicas is not None and hasattr(module.weight, "to_local"):
             # Key/value groups replicated over ranks: every copy of a group gets the same numbers (THUDM's
             # rows drawn whole, with the seed every rank shares; this rank's rows kept).
@@ -310,11 +373,31 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
 
     def __init__(self, config: ChatGLM2Config):
         super().__init__(config)
-        config.check_supported(quantized=True)  # built in float; weights.load_pretrained quantizes
+        config.check_supported(quantized=True, prefix=True)  # built in float; weights.load_pretrained quantizes
         self.embedding = Embedding(config)
         self.encoder = GLMTransformer(config)
         self.output_layer = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+        self.pre_seq_len = config.pre_seq_len or 0
+        if self.pre_seq_len:  # P-Tuning v2: the model frozen, the prefix encoder alone trains (THUDM's order)
+            if nn.heads_per_rank(config.num_attention_heads) != config.num_attention_heads:
+                raise ValueError("ChatGLM2: a P-Tuning prefix (pre_seq_len) is not split by tensor parallelism")
+            for param in self.parameters():
+                param.requires_grad = False
+            self.prefix_encoder = PrefixEncoder(config)
         self.post_init()
+
+    def get_prompt(self, batch: int, device, dtype):
+        """The P-Tuning prefix as each layer's ``(keys, values)``, ``[batch, G, P, d]`` each (THUDM's
+        ``get_prompt``: the encoder's output per prefix position read as ``[L, 2, G, d]``, in ``dtype``,
+        dropout 0.1 in training drawn per batch row)."""
+        config = self.config
+        tokens = torch.arange(self.pre_seq_len, device=device)
+        encoded = self.prefix_encoder(tokens).to(dtype)
+        encoded = encoded.view(1, self.pre_seq_len, config.num_layers * 2, config.num_key_value_heads,
+                               config.kv_channels).expand(batch, -1, -1, -1, -1)
+        encoded = F.dropout(encoded, PREFIX_DROPOUT, self.training)
+        encoded = encoded.permute(2, 0, 3, 1, 4)  # [L * 2, batch, G, P, d]
+        return [(encoded[2 * i], encoded[2 * i + 1]) for i in range(config.num_layers)]
 
     def get_input_embeddings(self):
         return self.embedding.word_embeddings
@@ -339,6 +422,14 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         cache_position = kwargs.get("cache_position")
+        prefix, prompts = self.pre_seq_len, None
+        if prefix:  # the prefix's keys and values go to the layers: without a cache, or into an empty one
+            if cache is not None and getattr(cache, "is_compileable", False):
+                raise ValueError("ChatGLM2: a P-Tuning prefix (pre_seq_len) does not run with a static cache")
+            if cache is None or cache.get_seq_length() == 0:
+                prompts = self.get_prompt(batch, x.device, x.dtype)
+            if attention_mask is not None:  # the mask covers the tokens; the prefix is always seen
+                attention_mask = torch.cat([attention_mask.new_ones(batch, prefix), attention_mask], dim=-1)
         if cache is not None and getattr(cache, "is_compileable", False):
             # A preallocated cache: attention reads its whole buffer, so the mask spans it; positions come
             # from generate's cache_position (no read of the cache's length: a compiled step replays this).
@@ -349,14 +440,16 @@ class ChatGLM2Model(ChatGLM2PreTrainedModel):
                 position_ids = cache_position.expand(batch, seq)
             mask = static_attention_mask(attention_mask, cache_position, cache.get_mask_sizes(seq, 0)[0])
         else:
-            past = cache.get_seq_length() if cache is not None else 0
-            if past + seq > self.config.seq_length:
-                raise ValueError(f"ChatGLM2: {past + seq} tokens exceed the model's seq_length ({self.config.seq_length})")
+            past = (cache.get_seq_length() if cache is not None else 0) + (prefix if prompts is not None else 0)
+            before = past - prefix  # tokens before this chunk: the prefix has no position
+            if before + seq > self.config.seq_length:
+                raise ValueError(f"ChatGLM2: {before + seq} tokens exceed the model's seq_length "
+                                 f"({self.config.seq_length})")
             if position_ids is None:
-                position_ids = torch.arange(past, past + seq, device=x.device).expand(batch, seq)
+                position_ids = torch.arange(before, before + seq, device=x.device).expand(batch, seq)
             mask = attention_mask_4d(attention_mask, seq, past)
         cos, sin = rotary_cos_sin(self.config, position_ids, x.dtype)
-        hidden = self.encoder(x, cos, sin, mask, cache)
+        hidden = self.encoder(x, cos, sin, mask, cache, prompts)
         return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE: cache if use_cache else None})
 
 
@@ -417,6 +510,30 @@ class ChatGLM2ForCausalLM(ChatGLM2PreTrainedModel, GenerationMixin):
                            return_past_key_values=return_past_key_values, **generate_kwargs)
 
 
+def attach_prefix(model: "ChatGLM2ForCausalLM", pre_seq_len: int, prefix_projection: bool = False,
+                  prefix_hidden_size: int | None = None, state: dict | None = None) -> "ChatGLM2ForCausalLM":
+    """A P-Tuning v2 prefix put on a loaded model without one, in place (what building it with ``pre_seq_len``
+    in its config gives, the base weights kept): the config records the prefix, the model is frozen, a new
+    ``PrefixEncoder`` (torch's initialisation, fp32, on the model's device) takes ``state`` when given
+    (its names under ``transformer.prefix_encoder.``, exactly)."""
+    transformer, config = model.transformer, model.config
+    if transformer.pre_seq_len:
+        raise ValueError(f"ChatGLM2: the model has a P-Tuning prefix already (pre_seq_len={transformer.pre_seq_len})")
+    if nn.heads_per_rank(config.num_attention_heads) != config.num_attention_heads:
+        raise ValueError("ChatGLM2: a P-Tuning prefix (pre_seq_len) is not split by tensor parallelism")
+    config.pre_seq_len, config.prefix_projection = pre_seq_len, bool(prefix_projection)
+    config.prefix_hidden_size = prefix_hidden_size
+    config.check_supported(quantized=True, prefix=True)
+    for param in model.parameters():
+        param.requires_grad = False
+    device = next(model.parameters()).device
+    encoder = PrefixEncoder(config).to(device=device, dtype=torch.float32)
+    if state is not None:
+        encoder.load_state_dict(state, strict=True)
+    transformer.prefix_encoder, transformer.pre_seq_len = encoder, pre_seq_len
+    return model
+
+
 def num_parameters_expected(config: ChatGLM2Config) -> int:
     """Parameter count of a config (ChatGLM2-6B: 6,243,584,000), from the shapes above."""
     h, d = config.hidden_size, config.kv_channels
@@ -428,6 +545,7 @@ def num_parameters_expected(config: ChatGLM2Config) -> int:
 
 
 __all__ = [
-    "ChatGLM2ForCausalLM", "ChatGLM2Model", "ChatGLM2PreTrainedModel", "apply_rotary", "attention_mask_4d",
+    "ChatGLM2ForCausalLM", "ChatGLM2Model", "ChatGLM2PreTrainedModel", "PrefixEncoder", "apply_rotary",
+    "attach_prefix", "attention_mask_4d", "prefix_width",
     "rotary_cos_sin", "num_parameters_expected", "static_attention_mask",
 ]

@@ -15,6 +15,11 @@ Tensor parallel: ``tensor_parallel_slice`` cuts a THUDM tensor into a rank's par
 puts the parts back (its exact inverse). ``ShardSource`` reads a tensor-parallel checkpoint (glm-finetune's
 ``mp_rank_XX_model_states.pt``, one per rank) by THUDM's names, each tensor merged when asked; every loader
 here (``load_pretrained``, ``check_directory``, ``open_weights``) takes such a directory as it takes THUDM's.
+
+P-Tuning v2: ``read_ptuning_checkpoint`` reads THUDM ``ptuning/``'s output directory (``pytorch_model.bin``,
+or ``model.safetensors``, holding only ``transformer.prefix_encoder.*``, and its ``config.json``), checked
+against the base model's config; ``load_pretrained(BASE, ptuning_checkpoint=DIR)`` builds the base with that
+prefix, as THUDM's ``main.py`` / ``web_demo.py`` do with ``--ptuning_checkpoint``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ MODEL_TYPES = ("chatglm",)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 IGNORED_KEYS = ("rotary_pos_emb.inv_freq",)  # THUDM's files carry this constant buffer
+PREFIX_KEYS = "transformer.prefix_encoder."  # a P-Tuning v2 prefix's weights (THUDM saves these alone)
+_PROJECTION_KEYS = ("trans.0.weight", "trans.0.bias", "trans.2.weight", "trans.2.bias")
 
 
 def read_config_json(directory) -> dict:
@@ -48,9 +55,10 @@ def read_config_json(directory) -> dict:
         raise WeightsError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
 
 
-def read_config(directory, expected=MODEL_TYPES, quantized: bool = False) -> ChatGLM2Config:
+def read_config(directory, expected=MODEL_TYPES, quantized: bool = False, prefix: bool = False) -> ChatGLM2Config:
     """The directory's ``ChatGLM2Config``; a one-line error when its ``model_type`` is another family's, or
-    when it sets ``quantization_bit`` and ``quantized`` is off (the caller needs float weights)."""
+    when it sets ``quantization_bit`` and ``quantized`` is off (the caller needs float weights), or
+    ``pre_seq_len`` and ``prefix`` is off (the caller runs no P-Tuning prefix)."""
     raw = read_config_json(directory)
     model_type = raw.get("model_type")
     if model_type not in expected:
@@ -60,7 +68,7 @@ def read_config(directory, expected=MODEL_TYPES, quantized: bool = False) -> Cha
         )
     try:  # a field this port does not run (pre_seq_len...) or a value out of range: one line
         config = ChatGLM2Config.from_pretrained(directory)
-        config.check_supported(quantized)
+        config.check_supported(quantized, prefix)
     except (ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise WeightsError(f"{Path(directory) / 'config.json'}: {reason}") from None
@@ -133,22 +141,41 @@ class TensorSource:
         return sorted(set(self.map.values()))
 
 
-def check_directory(directory, quantized: bool = False) -> ChatGLM2Config:
+def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
+                    pre_seq_len: int | None = None) -> ChatGLM2Config:
     """Everything checkable without reading weights: family, config, shards present, no key missing (for a
-    tensor-parallel checkpoint: every rank's file, its names and its parts' shapes, ``ShardSource``)."""
+    tensor-parallel checkpoint: every rank's file, its names and its parts' shapes, ``ShardSource``).
+    ``ptuning_checkpoint``: a P-Tuning v2 checkpoint to run on this base (``read_ptuning_checkpoint``, which
+    ``pre_seq_len`` checks when given); the config returned then carries its prefix settings."""
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None:
+        if ptuning_checkpoint is not None:
+            raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
+                               f"of THUDM's layout (glm-merge the shards first)")
         return shards.config
-    config = read_config(directory, quantized=quantized)
+    raw = read_config_json(directory)
+    if raw.get("pre_seq_len") and raw.get("model_type") in MODEL_TYPES:  # a P-Tuning checkpoint given as a model?
+        try:
+            weights = set(weight_map(directory))
+        except WeightsError:
+            weights = set()
+        if weights and all(key.startswith(PREFIX_KEYS) for key in weights):
+            raise WeightsError(f"{directory}: a P-Tuning checkpoint (transformer.prefix_encoder.* weights only), not "
+                               f"a model: give it as --ptuning_checkpoint beside the base model")
+    config = read_config(directory, quantized=quantized, prefix=ptuning_checkpoint is not None)
     present = set(weight_map(directory))
+    if ptuning_checkpoint is not None:
+        config, _ = read_ptuning_checkpoint(ptuning_checkpoint, config, pre_seq_len, tensors=False)
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
     with torch.device("meta"):
         expected = ChatGLM2ForCausalLM(config).state_dict().keys()
-    missing = sorted(set(expected) - present)
+    missing = sorted(k for k in set(expected) - present if ptuning_checkpoint is None or not k.startswith(PREFIX_KEYS))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint{more}")
+        hint = (f"; config.json sets pre_seq_len={config.pre_seq_len}: give the P-Tuning checkpoint as "
+                f"--ptuning_checkpoint" if missing[0].startswith(PREFIX_KEYS) else "")
+        raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint{more}{hint}")
     return config
 
 
@@ -166,6 +193,90 @@ def check_quantize(path, mode, group_size) -> None:
         if features % group:
             raise WeightsError(f"--quantize-group-size {group}: int4 group size {group} does not divide the row of "
                              f"{features} input features of transformer.encoder.layers.*.{name}")
+
+
+def read_ptuning_checkpoint(directory, config: ChatGLM2Config, pre_seq_len: int | None = None,
+                            tensors: bool = True) -> tuple[ChatGLM2Config, dict]:
+    """``(config, state)``: the base model's ``config`` with the prefix settings of the P-Tuning v2 checkpoint
+    in ``directory`` (THUDM ``ptuning/``'s output: ``pytorch_model.bin`` or ``model.safetensors`` holding
+    ``transformer.prefix_encoder.*``, ``config.json`` optional), and the prefix encoder's tensors by their
+    names under it (``tensors`` False: shapes only, nothing read). A ``WeightsError`` naming the file when
+    the prefix does not fit the base (its layers, key/value groups or channels), when its length is not
+    ``pre_seq_len`` (given) or what its ``config.json`` records, or when the file holds no prefix."""
+    import copy
+
+    from glm_port.models.chatglm2.model import prefix_width
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise WeightsError(f"{directory}: not a directory (a P-Tuning checkpoint is the directory THUDM's "
+                           f"ptuning/main.py saves: pytorch_model.bin and config.json)")
+    path = next((directory / name for name in ("pytorch_model.bin", "model.safetensors")
+                 if (directory / name).is_file()), None)
+    if path is None:
+        raise WeightsError(f"{directory / 'pytorch_model.bin'}: missing (a P-Tuning checkpoint holds its prefix "
+                           f"encoder there, or in model.safetensors)")
+    try:
+        if path.suffix == ".safetensors":
+            handle = _safe_open(path)
+            found = {k: (handle.get_tensor(k) if tensors else handle.get_slice(k)) for k in handle.keys()
+                     if k.startswith(PREFIX_KEYS)}
+            shapes = {k: tuple(v.shape if tensors else v.get_shape()) for k, v in found.items()}
+        else:
+            loaded = load_file(path, weights_only=True, mmap=True)
+            if not isinstance(loaded, dict):
+                raise WeightsError(f"{path}: not a state dict")
+            found = {k: v for k, v in loaded.items() if isinstance(k, str) and k.startswith(PREFIX_KEYS)
+                     and isinstance(v, torch.Tensor)}
+            shapes = {k: tuple(v.shape) for k, v in found.items()}
+    except WeightsError:
+        raise
+    except Exception as error:  # a truncated or foreign file
+        raise WeightsError(f"{path}: not a readable checkpoint ({type(error).__name__})") from None
+    state = {k[len(PREFIX_KEYS):]: v for k, v in found.items()}
+    shapes = {k[len(PREFIX_KEYS):]: v for k, v in shapes.items()}
+    if "embedding.weight" not in shapes:
+        raise WeightsError(f"{path}: no {PREFIX_KEYS}embedding.weight (not a P-Tuning v2 checkpoint)")
+    unknown = sorted(set(shapes) - {"embedding.weight", *_PROJECTION_KEYS})
+    if unknown:
+        raise WeightsError(f"{path}: {PREFIX_KEYS}{unknown[0]} is not a prefix encoder weight")
+    embedding = shapes["embedding.weight"]
+    width, per_layer = prefix_width(config), 2 * config.num_key_value_heads * config.kv_channels
+    if len(embedding) != 2 or embedding[1] != width:
+        got = embedding[-1] if embedding else 0
+        fits = f"a prefix for {got // per_layer} layers" if got % per_layer == 0 else "no whole number of layers"
+        raise WeightsError(f"{path}: {PREFIX_KEYS}embedding.weight is {list(embedding)}, {fits}; the base model has "
+                           f"{config.num_layers} layers of {config.num_key_value_heads} key/value groups x "
+                           f"{config.kv_channels} channels ([pre_seq_len, {width}])")
+    length = embedding[0]
+    recorded = {}
+    if (directory / "config.json").is_file():
+        recorded = read_config_json(directory)
+    if recorded.get("pre_seq_len") not in (None, length):
+        raise WeightsError(f"{directory / 'config.json'}: pre_seq_len {recorded['pre_seq_len']!r}, but {path.name}'s "
+                           f"prefix has {length} positions")
+    if pre_seq_len is not None and pre_seq_len != length:
+        raise WeightsError(f"{path}: the prefix has {length} positions, not --pre_seq_len {pre_seq_len}")
+    projection = "trans.0.weight" in shapes
+    if "prefix_projection" in recorded and recorded["prefix_projection"] is not None \
+            and bool(recorded["prefix_projection"]) != projection:
+        raise WeightsError(f"{directory / 'config.json'}: prefix_projection {recorded['prefix_projection']!r}, but "
+                           f"{path.name} {'holds' if projection else 'has no'} the projection's weights")
+    middle = None
+    if projection or any(k in shapes for k in _PROJECTION_KEYS):
+        absent = [k for k in _PROJECTION_KEYS if k not in shapes]
+        if absent:
+            raise WeightsError(f"{path}: {PREFIX_KEYS}{absent[0]} missing (the prefix projection is incomplete)")
+        middle = shapes["trans.0.weight"][0]
+        wanted = {"trans.0.weight": (middle, width), "trans.0.bias": (middle,), "trans.2.weight": (width, middle),
+                  "trans.2.bias": (width,)}
+        for key, shape in wanted.items():
+            if shapes[key] != shape:
+                raise WeightsError(f"{path}: {PREFIX_KEYS}{key} is {list(shapes[key])}, expected {list(shape)}")
+    config = copy.deepcopy(config)
+    config.pre_seq_len, config.prefix_projection = length, projection
+    config.prefix_hidden_size = middle if middle not in (None, config.hidden_size) else None
+    return config, state
 
 
 def default_dtype(device) -> torch.dtype:
@@ -243,7 +354,8 @@ def _load_thudm_quantized(directory, config, dtype, device):
     return model.to(device=device).eval()
 
 
-def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = True):
+def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = True,
+                    ptuning_checkpoint=None, pre_seq_len: int | None = None):
     """``ChatGLM2ForCausalLM`` from a ChatGLM2 directory, shard by shard to ``dtype`` on ``device``, eval mode;
     or from a tensor-parallel checkpoint (``mp_rank_XX`` files, merged by ``tensor_parallel_merge``).
 
@@ -251,21 +363,23 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
     quantized (int8 ``weight``, per-row ``weight_scale``) are read as they are; stored in float, they are
     quantized now by THUDM's recipe. ``quantize`` ("int8" or "int4", ``group_size`` default 128): the
     linears quantized after loading (``Family.quantize``: the output layer kept in float). ``quantized``
-    False: a ``quantization_bit`` directory is refused (one line), for callers that need float weights."""
+    False: a ``quantization_bit`` directory is refused (one line), for callers that need float weights.
+    ``ptuning_checkpoint``: THUDM P-Tuning v2's output directory, its prefix put on this base
+    (``read_ptuning_checkpoint``; ``pre_seq_len``, when given, must be its length)."""
     from glm_port.models import FAMILIES
 
     dtype = dtype or default_dtype(device)
-    model = _load_pretrained(directory, dtype, device, quantized)
+    model = _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint, pre_seq_len)
     if quantize is not None:
         FAMILIES["chatglm2"].quantize(model, quantize, group_size)
     return model
 
 
-def _load_pretrained(directory, dtype, device, quantized):
+def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=None, pre_seq_len=None):
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
     shards = tensor_parallel_checkpoint(directory)
-    if shards is not None:  # merged tensor by tensor into a model built on the meta device
+    if shards is not None and ptuning_checkpoint is None:  # merged tensor by tensor into a model built on meta
         with torch.device("meta"):
             model = ChatGLM2ForCausalLM(shards.config)
         state = {}
@@ -277,7 +391,26 @@ def _load_pretrained(directory, dtype, device, quantized):
         if shards.config.quantization_bit:
             _quantize_thudm(model, shards.config, None, dtype, device)
         return model
-    config = check_directory(directory, quantized=quantized)
+    config = check_directory(directory, quantized=quantized, ptuning_checkpoint=ptuning_checkpoint,
+                             pre_seq_len=pre_seq_len)
+    model = _load_base(directory, config, dtype, device, drop_prefix=ptuning_checkpoint is not None)
+    if ptuning_checkpoint is not None:  # the base as it is, then the prefix put on it (fp32, THUDM's)
+        from glm_port.models.chatglm2.model import attach_prefix
+
+        _, state = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
+        attach_prefix(model, config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size,
+                      {k: v.float() for k, v in state.items()})
+    return model.eval()
+
+
+def _load_base(directory, config, dtype, device, drop_prefix: bool):
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
+    if drop_prefix:  # the model the base directory holds, without the prefix that goes on it afterwards
+        import copy
+
+        config = copy.deepcopy(config)
+        config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size = None, False, None
     if config.quantization_bit:
         source = TensorSource(directory)
         if any(key.endswith(".weight_scale") for key in source.keys()):
@@ -290,7 +423,7 @@ def _load_pretrained(directory, dtype, device, quantized):
         raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint")
     if config.quantization_bit:  # a full-precision directory: quantized at load, as THUDM's code does
         _quantize_thudm(model, config, None, dtype, device)
-    return model.eval()
+    return model
 
 
 def load_tokenizer(directory, chat_format=None):

@@ -78,7 +78,7 @@ def test_unsupported_config_is_one_line_in_every_loader(tmp_path, capsys, make_m
     build_tokenizer(str(model_dir))
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, field: value}))
-    expected = f"{model_dir / 'config.json'}: ChatGLM2 config sets {field}={value!r}: not supported by glm_port"
+    expected = f"{model_dir / 'config.json'}: ChatGLM2 config sets {field}={value!r}: not supported here (a P-Tuning"
     assert glm_chat.main(["--model", str(model_dir), "--prompt", "hi"]) == 2
     assert native.main(["--to", "transformers", str(model_dir), str(tmp_path / "hf")]) == 2
     for main, argv in ((generate.main, ["--model", str(model_dir), "hi"]),

@@ -113,10 +113,13 @@ def test_rope_ratio_scales_base_or_positions(make_model):
     torch.testing.assert_close(plain[:, 0], base[:, 0])  # position 0 is not rotated either way
 
 
-def test_unsupported_thudm_options_are_refused():
-    with pytest.raises(ValueError, match="pre_seq_len=16: not supported"):
-        ChatGLM2ForCausalLM(ChatGLM2Config(num_layers=1, hidden_size=32, kv_channels=8, num_attention_heads=4,
-                                           ffn_hidden_size=32, padded_vocab_size=64, pre_seq_len=16))
+def test_a_prefix_config_is_refused_where_no_prefix_runs():
+    config = ChatGLM2Config(num_layers=1, hidden_size=32, kv_channels=8, num_attention_heads=4, ffn_hidden_size=32,
+                            padded_vocab_size=64, pre_seq_len=16)
+    with pytest.raises(ValueError, match="pre_seq_len=16: not supported here .a P-Tuning v2 prefix"):
+        config.check_supported()
+    config.check_supported(prefix=True)
+    assert ChatGLM2ForCausalLM(config).transformer.prefix_encoder.embedding.weight.shape == (16, 1 * 2 * 2 * 8)
 
 
 def test_without_multi_query_attention_qkv_is_per_head(make_model):

@@ -83,3 +83,39 @@ def test_decoding_with_cache_matches_thudm(make_model):
             torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
     assert past[0][0].shape == (12, 1, 2, 16)  # THUDM's cache: [s, b, groups, d]; ours is the same data
     torch.testing.assert_close(cache.layers[0].keys.permute(2, 0, 1, 3), past[0][0])
+
+
+@pytest.mark.parametrize("projection", [False, True])
+def test_ptuning_prefix_matches_thudm(make_model, projection):
+    """P-Tuning v2: THUDM's model built with pre_seq_len (and prefix_projection), its prefix encoder given the
+    weights ours holds: the same logits, left padding included, and the same cached decoding (eval: no dropout)."""
+    ours = make_model(pre_seq_len=4, prefix_projection=projection)
+    cm, mm = _thudm()
+    fields = {k: getattr(ours.config, k) for k in (
+        "num_layers", "padded_vocab_size", "hidden_size", "ffn_hidden_size", "kv_channels", "num_attention_heads",
+        "seq_length", "layernorm_epsilon", "add_qkv_bias", "multi_query_attention", "multi_query_group_num",
+        "pre_seq_len", "prefix_projection")}
+    config = cm.ChatGLMConfig(**fields, original_rope=True, torch_dtype=torch.float32)
+    config.max_length, config.use_cache = ours.config.seq_length, True
+    theirs = mm.ChatGLMForConditionalGeneration(config, empty_init=False).eval()
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    assert unexpected == [] and missing == ["transformer.rotary_pos_emb.inv_freq"]
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask, position_ids=positions).logits
+        b = theirs(ids, attention_mask=mask, position_ids=positions).logits
+        torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a[0, 3:], b[0, 3:], atol=1e-5, rtol=1e-5)  # the real tokens of the padded row
+        a, b = ours(ids[1:], use_cache=True), theirs(ids[1:], use_cache=True)
+        cache, past = getattr(a, CACHE), b.past_key_values
+        for step in range(4):
+            token = a.logits[:, -1:].argmax(-1)
+            position = torch.tensor([[ids.shape[1] + step]])
+            a = ours(token, position_ids=position, cache=cache, use_cache=True)
+            b = theirs(token, position_ids=position, past_key_values=past, use_cache=True)
+            cache, past = getattr(a, CACHE), b.past_key_values
+            torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    assert past[0][0].shape[0] == 4 + 9 + 4  # THUDM's cache holds the prefix too
