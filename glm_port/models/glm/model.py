@@ -104,15 +104,17 @@ class SelfAttention(nn.Module):
     def _heads(self, x):  # [b, s, n*d] -> [b, n, s, d]
         return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
-    def forward(self, x, visible, residual, mem=None, cache=None, layer_index=0):
+    def forward(self, x, visible, residual, mem=None, cache=None, cache_index=0):
         """``cache`` (a transformers ``Cache``): this layer's keys and values of earlier positions; the new
-        ones are appended, so a decode step projects only the new tokens (``mem`` re-projects ``[mem; x]``)."""
+        ones are appended, so a decode step projects only the new tokens (``mem`` re-projects ``[mem; x]``).
+        ``cache_index``: this layer's slot in ``cache``, counted among the layers the cache holds (a pipeline
+        stage's own, from 0), not ``layer_idx`` (the model's index, which picks the layer's mesh)."""
         query_length = x.size(1)
         qkv = self.query_key_value(x if mem is None else torch.cat((mem, x), dim=1))
         q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))
         q = q[:, :, -query_length:]
         if cache is not None:
-            k, v = cache.update(k, v, layer_index)
+            k, v = cache.update(k, v, cache_index)
             if k.size(-2) > visible.size(-1):  # a preallocated (static) cache: its empty slots stay unseen
                 visible = F.pad(visible, (0, k.size(-2) - visible.size(-1)), value=False)
         with self._dropout_rng():
@@ -154,9 +156,9 @@ class TransformerLayer(nn.Module):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = MLP(config, output_init, layer_idx)
 
-    def forward(self, x, visible, mem=None, cache=None, layer_index=0):
+    def forward(self, x, visible, mem=None, cache=None, cache_index=0):
         mem = self.input_layernorm(mem) if mem is not None else None
-        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem, cache=cache, layer_index=layer_index)
+        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem, cache=cache, cache_index=cache_index)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
