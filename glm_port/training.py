@@ -21,7 +21,7 @@ from tqdm import tqdm
 import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
-from glm_port._renamed import renamed
+from glm_port.data._renamed import renamed
 from glm_port.distributed import ParallelEnv
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")

@@ -5,7 +5,7 @@
     batch = next(batches)                      # text, target, loss_mask, attention_mask (sep), position_id
 """
 
-from glm_port._renamed import renamed
+from glm_port.data._renamed import renamed
 from glm_port.data.batches import DataOptions, build_batches, build_train_batches, corpus_splits, stack_batch
 from glm_port.data.blocklm import BlockMasker
 from glm_port.data.corpora import resolve_corpora

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 import shim as torch
-from glm_port._renamed import renamed
+from glm_port.data._renamed import renamed
 from glm_port.data.blocklm import BlockMasker
 from glm_port.data.corpus import TokenizedCorpus, load_corpus
 from glm_port.data.tokenization import GLMVocab

@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from glm_port._renamed import renamed
+from glm_port.data._renamed import renamed
 
 # The embedded corpus (corpus.py reads it as its default; its words make the built-in vocabulary).
 DEFAULT_CORPUS = Path(__file__).with_name("default_corpus.txt")  # written by default_corpus.py

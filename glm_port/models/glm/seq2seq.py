@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from glm_port._renamed import renamed
+from glm_port.data._renamed import renamed
 from glm_port.training import Encoded, pad_batch  # noqa: F401  (the trainers' sample and batch)
 
 

@@ -1,5 +1,6 @@
 """Old names kept importable after a rename (issue 27: one name, one meaning): a module's ``__getattr__``
-that returns the new object under the old name with a ``DeprecationWarning`` naming the new one."""
+that returns the new object under the old name with a ``DeprecationWarning`` naming the new one. (Here, in
+glm_port's lowest layer, so every module above may use it.)"""
 
 from __future__ import annotations
 
