@@ -98,7 +98,7 @@ def _build(shape: Shape, variant: str, device):
 
 def worker(spec: str, args) -> dict:
     import shim as torch
-    from glm_port.models.glm.seq2seq import collate
+    from glm_port.models.glm.seq2seq import pad_batch
     from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
 
     shape_name, variant = spec.split(":")
@@ -107,7 +107,7 @@ def worker(spec: str, args) -> dict:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, flags = _build(shape, variant, device)
-    batches = [collate(_samples(shape, shape.batch, seed), _Ids(shape.vocab).pad_id)
+    batches = [pad_batch(_samples(shape, shape.batch, seed), _Ids(shape.vocab).pad_id)
                for seed in range(args.warmup + args.steps + 1)]
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(

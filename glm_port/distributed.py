@@ -152,8 +152,9 @@ class PipelineStage:
     def is_last(self) -> bool:
         return self.stage == self.stages - 1
 
-    def holds(self, layer_index: int) -> bool:
-        return layer_index in self.layers
+    def holds(self, layer_idx: int) -> bool:
+        """Whether this stage runs layer ``layer_idx`` (the model's index, as the split layers carry it)."""
+        return layer_idx in self.layers
 
     def send_forward(self, tensor) -> None:
         dist.send(tensor.contiguous(), self._rank_of[self.stage + 1], group=self.group)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
+from glm_port.data._renamed import renamed
 from glm_port.distributed import ParallelEnv
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
@@ -321,7 +322,7 @@ class Encoded:
     truncated_target: bool
 
 
-def collate(samples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+def pad_batch(samples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     """A batch in the trainers' keys (``text``, ``position_id``, ``attention_mask`` = sep, ``target``,
     ``loss_mask``), each sample padded at its end; padding is never attended to by counted positions
     and carries no loss."""
@@ -350,3 +351,6 @@ def left_padded(prompts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
         mask[row, width - len(prompt):] = 1
     return ids, mask
+
+
+__getattr__ = renamed(__name__, {"collate": "pad_batch"}, globals())  # the name before issue 27

@@ -11,7 +11,7 @@ SRC is whatever GLM's ``find_source`` (``glm_port.models.glm.weights``) reads: t
 (``mp_rank_XX_model_states.pt`` of glm-pretrain, glm-finetune or upstream, under a checkpoint tracker or
 in an iteration directory), a Hugging Face directory (one file, sharded with an index, ``.bin``). Shards
 are merged by Megatron's split rules as the loaders apply them (``weights.iter_tensors`` at
-tensor-parallel size 1: the rules exist once, in ``weights.SPLIT_RULES``). Names and shapes are checked
+tensor-parallel size 1: the rules exist once, GLM's split plan ``splits.SPLIT_PLAN``). Names and shapes are checked
 against the architecture before anything is written; the output is assembled in a hidden directory
 beside OUT and renamed into place, so a failure leaves nothing half-written.
 

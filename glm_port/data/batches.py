@@ -26,9 +26,10 @@ import numpy as np
 from tqdm import tqdm
 
 import shim as torch
+from glm_port.data._renamed import renamed
 from glm_port.data.blocklm import BlockMasker
 from glm_port.data.corpus import TokenizedCorpus, load_corpus
-from glm_port.data.tokenization import GLMTokenizer
+from glm_port.data.tokenization import GLMVocab
 
 _SHUFFLE_STREAM = 0x5EED  # keeps document shuffling's random stream apart from the masker's (seed, index)
 _SENTENCE_STREAM = 0x5E57  # window starts (--non-sentence-start)
@@ -166,7 +167,7 @@ class RankBatches:
             yield list(range(b * global_batch + self.rank, (b + 1) * global_batch, self.world_size))
 
 
-def collate(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+def stack_batch(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Stack masked samples into upstream's batch: ``text``/``target`` [b, s] long, ``loss_mask`` [b, s]
     float, ``attention_mask`` [b] long (sep), ``position_id`` [b, 2, s] long."""
     return {key: torch.from_numpy(np.stack([s[key] for s in samples])) for key in samples[0]}
@@ -224,7 +225,7 @@ def take_documents(corpus: TokenizedCorpus, indices: np.ndarray) -> TokenizedCor
     return TokenizedCorpus(corpus.ids[gather], np.concatenate(([0], np.cumsum(lengths))))
 
 
-def english_documents(corpus: TokenizedCorpus, tokenizer: GLMTokenizer, progress: bool = True) -> np.ndarray:
+def english_documents(corpus: TokenizedCorpus, tokenizer: GLMVocab, progress: bool = True) -> np.ndarray:
     """Indices of the documents py3langid classifies as English, judged, as upstream's --filter-english judges
     them with fastText, on the text of their first 1024 tokens with newlines removed."""
     try:
@@ -257,7 +258,7 @@ def scatter_documents(num_documents: int, scatter: int, part: int, seed: int) ->
     return np.sort(order[part * size: (part + 1) * size])
 
 
-def corpus_splits(corpus: TokenizedCorpus, tokenizer: GLMTokenizer, options: DataOptions, *, seed: int,
+def corpus_splits(corpus: TokenizedCorpus, tokenizer: GLMVocab, options: DataOptions, *, seed: int,
                   scatter_part: int = 0, progress: bool = True) -> list[TokenizedCorpus | None]:
     """Train, valid and test corpora (None for an empty share), in upstream's order: scatter, split, filter."""
     if options.loader_scatter:
@@ -280,7 +281,7 @@ def corpus_splits(corpus: TokenizedCorpus, tokenizer: GLMTokenizer, options: Dat
     return splits
 
 
-def build_batches(corpus: TokenizedCorpus, tokenizer: GLMTokenizer, *, seq_length: int, batch_size: int,
+def build_batches(corpus: TokenizedCorpus, tokenizer: GLMVocab, *, seq_length: int, batch_size: int,
                   seed: int, masker_kwargs: dict | None = None, rank: int = 0, world_size: int = 1,
                   start_batch: int = 0, num_workers: int = 0, options: DataOptions | None = None
                   ) -> Iterator[dict[str, torch.Tensor]]:
@@ -296,11 +297,11 @@ def build_batches(corpus: TokenizedCorpus, tokenizer: GLMTokenizer, *, seq_lengt
                       one_document=options.sample_one_document)
     loader = torch.utils.data.DataLoader(
         BlockLMDataset(windows, masker), batch_sampler=RankBatches(batch_size, rank, world_size, start_batch),
-        collate_fn=collate, num_workers=num_workers)
+        collate_fn=stack_batch, num_workers=num_workers)
     return iter(loader)
 
 
-def build_train_batches(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMTokenizer, *,
+def build_train_batches(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMVocab, *,
                         seq_length: int, batch_size: int, seed: int, masker_kwargs: dict | None = None,
                         rank: int = 0, world_size: int = 1, text_key: str = "text", start_batch: int = 0,
                         num_workers: int = 0, cache: bool = True) -> Iterator[dict[str, torch.Tensor]]:
@@ -319,3 +320,6 @@ def build_train_batches(paths: Sequence[str | Path] | str | Path | None, tokeniz
     return build_batches(corpus, tokenizer, seq_length=seq_length, batch_size=batch_size, seed=seed,
                          masker_kwargs=masker_kwargs, rank=rank, world_size=world_size, start_batch=start_batch,
                          num_workers=num_workers)
+
+
+__getattr__ = renamed(__name__, {"collate": "stack_batch"}, globals())  # the name before issue 27

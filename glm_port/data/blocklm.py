@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from glm_port.data.tokenization import GLMTokenizer
+from glm_port.data.tokenization import GLMVocab
 
 _CONTEXT_RANGE = 3  # upstream's context_mask_range: tokens next to a span's edge that --context-mask-ratio may hide
 
@@ -109,7 +109,7 @@ class BlockMasker:
     from the masker's own generator seeded by ``seed``.
     """
 
-    def __init__(self, tokenizer: GLMTokenizer, *, seed: int, seq_length: int | None = None,
+    def __init__(self, tokenizer: GLMVocab, *, seed: int, seq_length: int | None = None,
                  avg_block_length: float = 3, max_block_length: int = 40, mask_ratio: float = 0.15,
                  bert_prob: float = 1.0, gap_sentence_prob: float = 0.0, gap_sentence_ratio: float = 0.15,
                  gpt_infill_prob: float = 0.5, gpt_min_ratio: float = 0.5, task_mask: bool = False,

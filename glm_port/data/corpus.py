@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from glm_port.data.tokenization import DEFAULT_CORPUS, GLMTokenizer
+from glm_port.data.tokenization import DEFAULT_CORPUS, GLMVocab
 from glm_port.outputs import follow_umask
 
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -145,7 +145,7 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_files(path: Path, tokenizer: GLMTokenizer, text_key: str, prompt_key: str) -> list[Path]:
+def cache_files(path: Path, tokenizer: GLMVocab, text_key: str, prompt_key: str) -> list[Path]:
     """Where ``path``'s cache may live, in order: next to it, then the user cache (whose name also carries
     the data's directory, to keep same-named files apart)."""
     name = f"{path.name}.{tokenizer.fingerprint}-{_short_hash(text_key, prompt_key)}.glmcache.npz"
@@ -192,7 +192,7 @@ def _write_cache(file: Path, corpus: TokenizedCorpus, stat: os.stat_result, path
         return False
 
 
-def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = "text",
+def tokenize_file(path: str | Path, tokenizer: GLMVocab, *, text_key: str = "text",
                   prompt_key: str = "prompt", cache: bool = True, progress: bool = True) -> TokenizedCorpus:
     """The token ids of every document in ``path``, from the cache when it is still valid."""
     path = Path(path)
@@ -225,7 +225,7 @@ def tokenize_file(path: str | Path, tokenizer: GLMTokenizer, *, text_key: str = 
     return corpus
 
 
-def load_corpus(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMTokenizer, *,
+def load_corpus(paths: Sequence[str | Path] | str | Path | None, tokenizer: GLMVocab, *,
                 text_key: str = "text", prompt_key: str = "prompt", cache: bool = True,
                 progress: bool = True) -> TokenizedCorpus:
     """All documents of ``paths`` (files in order), or of the embedded tiny corpus when ``paths`` is None."""

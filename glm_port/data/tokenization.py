@@ -15,6 +15,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from glm_port.data._renamed import renamed
+
 # The embedded corpus (corpus.py reads it as its default; its words make the built-in vocabulary).
 DEFAULT_CORPUS = Path(__file__).with_name("default_corpus.txt")  # written by default_corpus.py
 SOP, EOP = "<|startofpiece|>", "<|endofpiece|>"
@@ -26,7 +28,7 @@ COMMAND_NAMES = ("pad", "eos", "cls", "sep", "mask", "unk", "sop", "eop", "gmask
 
 
 class TextTokenizer(Protocol):
-    """The text half of a GLMTokenizer: a plain vocabulary with no knowledge of GLM's commands."""
+    """The text half of a GLMVocab: a plain vocabulary with no knowledge of GLM's commands."""
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -94,8 +96,10 @@ class SentencePieceTextTokenizer:
         return texts + [self.command_by_id.get(i, "") for i in range(self.base, top + 1)]
 
 
-class GLMTokenizer:
-    """A vocabulary with GLM's command tokens; the object every part of glm_port tokenizes with.
+class GLMVocab:
+    """A vocabulary with GLM's command tokens; the object every part of glm_port tokenizes with. (Called
+    ``GLMTokenizer`` before issue 27, the name of the inference tokenizer over it, ``glm_port.GLMTokenizer``;
+    the old name still imports, with a DeprecationWarning.)
 
     Attributes ``pad_id, eos_id, cls_id, sep_id, mask_id, unk_id, sop_id, eop_id, gmask_id, smask_id,
     dblock_id`` are ids (``None`` where the vocabulary has no such command). ``num_tokens`` counts real tokens;
@@ -149,7 +153,7 @@ class GLMTokenizer:
         return table
 
     def __repr__(self):
-        return (f"GLMTokenizer({self.name}, num_tokens={self.num_tokens}, vocab_size={self.vocab_size}, "
+        return (f"GLMVocab({self.name}, num_tokens={self.num_tokens}, vocab_size={self.vocab_size}, "
                 f"commands={self.command_ids})")
 
 
@@ -187,7 +191,7 @@ def _with_added(tokenizer, tokens: Sequence[str], lstrip: Sequence[str] = ()):
     return tokenizer
 
 
-def tiny_wordpiece() -> GLMTokenizer:
+def tiny_wordpiece() -> GLMVocab:
     """The self-contained default: a WordPiece vocabulary of every word in the embedded corpus, plus ASCII
     characters (and their ``##`` continuations) so any English text still encodes without [UNK].
 
@@ -222,7 +226,7 @@ def _check_ids(name: str, tokenizer, expected: dict[str, int]) -> dict[str, int]
     return ids
 
 
-def wordpiece_tokenizer(tok, name: str, fingerprint: str) -> GLMTokenizer:
+def wordpiece_tokenizer(tok, name: str, fingerprint: str) -> GLMVocab:
     """GLM's BERT layout on a ``tokenizers`` WordPiece vocabulary: [PAD] (= eos), [CLS], [SEP], [MASK], [UNK]
     where the vocabulary has them; sop, eop, [gMASK], [sMASK], [dBLOCK] appended after it (upstream's order)."""
     base = tok.get_vocab_size()
@@ -234,10 +238,10 @@ def wordpiece_tokenizer(tok, name: str, fingerprint: str) -> GLMTokenizer:
     if missing:
         raise ValueError(f"{name}: WordPiece vocab lacks {', '.join(missing)}")
     _with_added(tok, [named[c] for c in ("pad", "cls", "sep", "mask", "unk")])  # recognised in text, kept whole
-    return GLMTokenizer(name, HFTextTokenizer(tok), ids, base + 5, fingerprint)
+    return GLMVocab(name, HFTextTokenizer(tok), ids, base + 5, fingerprint)
 
 
-def bert_wordpiece(path: Path, lowercase: bool | None = None) -> GLMTokenizer:
+def bert_wordpiece(path: Path, lowercase: bool | None = None) -> GLMVocab:
     """BERT WordPiece (GLM-Base/Large), with [gMASK]/[sMASK]/[dBLOCK] as upstream's ``--task-mask
     --block-mask-prob`` add them."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -253,7 +257,7 @@ def bert_wordpiece(path: Path, lowercase: bool | None = None) -> GLMTokenizer:
     return wordpiece_tokenizer(tok, "BertWordPieceTokenizer", fp)
 
 
-def gpt2_bpe(path: Path, roberta: bool | None = None) -> GLMTokenizer:
+def gpt2_bpe(path: Path, roberta: bool | None = None) -> GLMVocab:
     """GPT-2 byte-level BPE (GLM-2B/10B) or RoBERTa's (GLM-RoBERTa), with upstream's command ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -286,10 +290,10 @@ def gpt2_bpe(path: Path, roberta: bool | None = None) -> GLMTokenizer:
             "smask": (SMASK, base + 7), "dblock": (DBLOCK, base + 8)})
         name, num_tokens = "GPT2BPETokenizer", base + 9
     fp = _fingerprint(name, vocab.read_bytes(), merges.read_bytes())
-    return GLMTokenizer(name, HFTextTokenizer(tok), ids, num_tokens, fp)
+    return GLMVocab(name, HFTextTokenizer(tok), ids, num_tokens, fp)
 
 
-def chinese_sentencepiece(path: Path) -> GLMTokenizer:
+def chinese_sentencepiece(path: Path) -> GLMVocab:
     """The Chinese sentencepiece model (GLM-Large/10B-Chinese).
 
     Ids follow upstream with ``--fix-command-token`` (the released checkpoints' layout): commands start at
@@ -306,7 +310,7 @@ def chinese_sentencepiece(path: Path) -> GLMTokenizer:
     ids = {"pad": n, "eos": n, "sep": n + 1, "cls": n + 2, "mask": n + 3, "unk": n + 4, "sop": n + 6,
            "eop": n + 7, "smask": n + 8, "gmask": n + 9, "dblock": n + 10}
     fp = _fingerprint("chinese-sp", model.read_bytes())
-    return GLMTokenizer("ChineseSPTokenizer", SentencePieceTextTokenizer(sp, commands), ids, n + 11, fp)
+    return GLMVocab("ChineseSPTokenizer", SentencePieceTextTokenizer(sp, commands), ids, n + 11, fp)
 
 
 DEFAULT_TOKENIZER = "TinyWordPieceTokenizer"
@@ -319,8 +323,8 @@ _LOADERS = {
 
 
 def get_tokenizer(tokenizer_type: str | None = None, path: str | Path | None = None, *,
-                  lowercase: bool | None = None) -> GLMTokenizer:
-    """A GLMTokenizer by upstream's ``--tokenizer-type`` name, read from ``path`` (a vocabulary file or a
+                  lowercase: bool | None = None) -> GLMVocab:
+    """A GLMVocab by upstream's ``--tokenizer-type`` name, read from ``path`` (a vocabulary file or a
     directory holding one).
 
     Types: ``BertWordPieceTokenizer`` (vocab.txt), ``GPT2BPETokenizer`` (vocab.json + merges.txt; RoBERTa's
@@ -342,3 +346,6 @@ def get_tokenizer(tokenizer_type: str | None = None, path: str | Path | None = N
     if tokenizer_type == "BertWordPieceTokenizer":
         return bert_wordpiece(Path(path).expanduser(), lowercase=lowercase)
     return _LOADERS[tokenizer_type](Path(path).expanduser())
+
+
+__getattr__ = renamed(__name__, {"GLMTokenizer": "GLMVocab"}, globals())  # the name before issue 27

@@ -22,7 +22,9 @@ whole adapter in the natural row order is sliced when loaded (``PeftModel.from_p
 tensor-parallel size), and ``full_adapter_state_dict`` gathers the slices back for ``save_pretrained``.
 
 A fused layer whose output is several blocks split separately (Q|K|V) names its blocks' sizes in the
-natural order: ``output_sections`` on the layer, else ``stride`` equal blocks (``Linear1D(stride=3)``).
+natural order: ``output_sections`` on the layer, else ``stride`` equal blocks (``Linear1D(stride=3)``); the
+adapter is cut and put back by the layer's own split (``shim.nn.split_plan.Split.of_layer``, the split the
+family's plan gave it).
 With replicated sections (``Linear1D(section_replicas=)``: ChatGLM2's key/value groups on more ranks than
 groups) ``lora_B`` holds the rows the base holds, the same part of a group on each of its ranks: those
 rows' gradients are summed over the ranks holding them (the layer's ``sum_replica_grads``), so the copies
@@ -42,7 +44,8 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from glm_port.checkpoint_io import weights_fingerprint
-from shim.nn.tensor_parallel import Linear1D, is_dtensor, section_part, sections_whole
+from shim.nn.split_plan import Split, merge_ranks, slice_for_rank
+from shim.nn.tensor_parallel import Linear1D, is_dtensor
 
 __all__ = ["TensorParallelLoraLinear", "full_adapter_state_dict", "lora_config", "register"]
 
@@ -67,13 +70,6 @@ def register(config: peft.LoraConfig) -> peft.LoraConfig:
 
 def lora_config(**kwargs) -> peft.LoraConfig:
     return register(peft.LoraConfig(**kwargs))
-
-
-def _sections(base) -> list[int]:
-    sections = getattr(base, "output_sections", None)
-    if sections is None:
-        sections = [base.out_features // base.stride] * base.stride
-    return list(sections)
 
 
 def _replicas(base):
@@ -106,11 +102,10 @@ class TensorParallelLoraLinear(LoraLinear):
 
     def _local(self, kind: str, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of a whole ``lora_A`` / ``lora_B`` weight (``kind`` "A" or "B")."""
-        if self.split == "row" and kind == "A":
-            return full.chunk(self.tp_size, dim=1)[self.tp_rank]
-        if self.split == "col" and kind == "B":
-            base = self.get_base_layer()
-            return section_part(full, _sections(base), self.tp_rank, self.tp_size, _replicas(base))
+        if self.split == "row" and kind == "A":  # the base's input columns
+            return slice_for_rank(full, Split(1), self.tp_rank, self.tp_size)
+        if self.split == "col" and kind == "B":  # the base's output rows, cut as its weight is
+            return slice_for_rank(full, Split.of_layer(self.get_base_layer()), self.tp_rank, self.tp_size)
         return full
 
     def _whole(self, kind: str, local: torch.Tensor) -> torch.Tensor:
@@ -124,8 +119,7 @@ class TensorParallelLoraLinear(LoraLinear):
         gathered = parts.redistribute(self.mesh, [Replicate()]).to_local()  # the ranks' parts in rank order
         if kind == "A":
             return gathered
-        base = self.get_base_layer()
-        return sections_whole(gathered.chunk(self.tp_size, dim=0), _sections(base), _replicas(base))
+        return merge_ranks(gathered.chunk(self.tp_size, dim=0), Split.of_layer(self.get_base_layer()))
 
     def update_layer(self, adapter_name, r, lora_alpha, config, **kwargs):
         super().update_layer(adapter_name, r, lora_alpha, config=config, **kwargs)

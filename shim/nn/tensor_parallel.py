@@ -56,6 +56,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from shim.distributed.layout import current_layout, ensure_divisible, layer_mesh
+from shim.nn.split_plan import Split, merge_ranks, slice_for_rank
 
 __all__ = ["Linear1D", "VocabParallelEmbedding", "heads_per_rank", "is_dtensor", "section_part", "sections_whole",
            "strided_order"]
@@ -275,21 +276,15 @@ def section_part(tensor: torch.Tensor, sections: Sequence[int], rank: int, size:
                  replicas: Sequence[int] | None = None) -> torch.Tensor:
     """Rank ``rank``'s rows of ``tensor``, whose rows are blocks of ``sections`` sizes in natural order
     (``[A | B | C]``): ``[A_r; B_r; C_r]``, block ``b`` cut into ``size / replicas[b]`` parts of which the
-    rank holds part ``rank // replicas[b]``."""
-    replicas = replicas or (1,) * len(sections)
-    blocks = tensor.split(list(sections), dim=0)
-    return torch.cat([block.chunk(size // k, dim=0)[rank // k] for block, k in zip(blocks, replicas)], dim=0)
+    rank holds part ``rank // replicas[b]`` (``shim.nn.split_plan.slice_for_rank`` of ``Split(0, sections=)``)."""
+    return slice_for_rank(tensor, Split(0, sections=sections, section_replicas=replicas), rank, size)
 
 
 def sections_whole(parts: Sequence[torch.Tensor], sections: Sequence[int],
                    replicas: Sequence[int] | None = None) -> torch.Tensor:
     """The natural-order tensor from every rank's part (``section_part``'s inverse; ``parts`` in rank order,
-    a replicated block read from the first rank holding each of its parts)."""
-    size = len(parts)
-    replicas = replicas or (1,) * len(sections)
-    local = [s // (size // k) for s, k in zip(sections, replicas)]
-    split = [part.split(local, dim=0) for part in parts]
-    return torch.cat([split[r][b] for b, k in enumerate(replicas) for r in range(0, size, k)], dim=0)
+    a replicated block read from the first rank holding each of its parts; ``merge_ranks``)."""
+    return merge_ranks(parts, Split(0, sections=sections, section_replicas=replicas))
 
 
 def _sections_order(tensor: torch.Tensor, sections: Sequence[int], parts: int,

@@ -309,9 +309,9 @@ def collate(samples, tokenizer) -> dict:
     """Right-padded batch; ``attention_mask`` ``[b, s]`` marks the real tokens (attention is causal)."""
     import torch
 
-    from glm_port.training import collate as padded
+    from glm_port.training import pad_batch
 
-    batch = padded(samples, tokenizer.pad_token_id)
+    batch = pad_batch(samples, tokenizer.pad_token_id)
     lengths = torch.tensor([len(s.text) for s in samples])
     batch["attention_mask"] = (torch.arange(batch["text"].size(1)) < lengths[:, None]).long()
     return batch

@@ -53,6 +53,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.utils import logging
 
 from glm_port.models.chatglm2.config import CACHE_KWARG as _CACHE, ChatGLM2Config
+from glm_port.models.chatglm2.splits import layer_split
 
 logger = logging.get_logger(__name__)
 
@@ -167,17 +168,16 @@ class SelfAttention(nn.Module):
                 raise ValueError(f"ChatGLM2: {groups} key/value groups do not split over {ranks} tensor-parallel ranks")
         self.head_dim = config.kv_channels
         qkv_size = (heads + 2 * groups) * self.head_dim
-        # Column-split: rank r holds [Q_r; K_r; V_r] (tensor_parallel_slice orders THUDM's rows that way).
-        sections = None
-        if config.multi_query_attention:  # Q | K | V blocks, each split (a random init in rank order too)
-            sections = (heads * self.head_dim,) + (groups * self.head_dim,) * 2
+        # Split as ChatGLM2's split plan says (splits.py: the table tensor_parallel_slice cuts THUDM's rows by):
+        # column-split, rank r holds [Q_r; K_r; V_r]; multi-query: Q | K | V blocks, each split (a random init in
+        # rank order too), key/value groups replicated over T / G ranks when T > G.
         self.query_key_value = nn.Linear1D(
-            config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear, parallel="col",
-            sections=sections,
-            **({"section_replicas": (1, self.group_replicas, self.group_replicas)} if self.group_replicas > 1 else {}),
+            config.hidden_size, qkv_size, bias=config.add_qkv_bias or config.add_bias_linear,
+            **layer_split(config, ranks, layer_idx, "self_attention.query_key_value"),
         )
         self.dense = nn.Linear1D(config.num_attention_heads * self.head_dim, config.hidden_size,
-                                 bias=config.add_bias_linear, parallel="row")
+                                 bias=config.add_bias_linear,
+                                 **layer_split(config, ranks, layer_idx, "self_attention.dense"))
 
     def split_qkv(self, qkv):
         """``[b, s, (H + 2G) d]`` -> q ``[b, H, s, d]``, k and v ``[b, G, s, d]``.
@@ -227,13 +227,14 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: ``dense_4h_to_h(silu(gate) * up)`` with ``gate | up = dense_h_to_4h(x)``."""
 
-    def __init__(self, config: ChatGLM2Config):
+    def __init__(self, config: ChatGLM2Config, layer_idx: int = 0):
         super().__init__()
-        # gate and up split together (stride 2): rank r holds [gate_r; up_r], so silu(gate_r) * up_r is local.
+        # The split plan's: gate and up split together (stride 2), rank r holds [gate_r; up_r], so
+        # silu(gate_r) * up_r is local; dense_4h_to_h row-split. (Neither depends on the size.)
         self.dense_h_to_4h = nn.Linear1D(config.hidden_size, 2 * config.ffn_hidden_size, bias=config.add_bias_linear,
-                                         parallel="col", stride=2)
+                                         **layer_split(config, 1, layer_idx, "mlp.dense_h_to_4h"))
         self.dense_4h_to_h = nn.Linear1D(config.ffn_hidden_size, config.hidden_size, bias=config.add_bias_linear,
-                                         parallel="row")
+                                         **layer_split(config, 1, layer_idx, "mlp.dense_4h_to_h"))
 
     def forward(self, x):
         gate, up = self.dense_h_to_4h(x).chunk(2, dim=-1)
@@ -248,7 +249,7 @@ class GLMBlock(nn.Module):
         self.input_layernorm = _norm(config)
         self.self_attention = SelfAttention(config, layer_idx)
         self.post_attention_layernorm = _norm(config)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layer_idx)
 
     def forward(self, x, cos, sin, mask, cache, prompt=None):
         normed = self.input_layernorm(x)

@@ -12,7 +12,8 @@ would initialise it at random and only warn).
 memory-mapped), for conversions that must not hold a whole 6B model twice.
 
 Tensor parallel: ``tensor_parallel_slice`` cuts a THUDM tensor into a rank's part, ``tensor_parallel_merge``
-puts the parts back (its exact inverse). ``ShardSource`` reads a tensor-parallel checkpoint (glm-finetune's
+puts the parts back (its exact inverse), both by ChatGLM2's split plan (``splits.split_plan``, the table the
+model's layers are built by too). ``ShardSource`` reads a tensor-parallel checkpoint (glm-finetune's
 ``mp_rank_XX_model_states.pt``, one per rank) by THUDM's names, each tensor merged when asked; every loader
 here (``load_pretrained``, ``check_directory``, ``open_weights``) takes such a directory as it takes THUDM's.
 
@@ -33,7 +34,7 @@ import torch
 from glm_port.checkpoint_io import load_file
 from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.models.chatglm2.config import ChatGLM2Config
-from shim.nn.tensor_parallel import section_part, sections_whole
+from glm_port.models.chatglm2.splits import split_plan
 
 MODEL_TYPES = ("chatglm",)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -464,29 +465,22 @@ def save_sharded(state: dict, directory, shards: int = 2, fmt: str = "bin") -> N
 
 
 def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config, rank: int, size: int) -> torch.Tensor:
-    """This rank's part of THUDM's tensor ``name`` under tensor parallel ``size``, as the split layers hold it.
+    """This rank's part of THUDM's tensor ``name`` under tensor parallel ``size``, as the split layers hold it:
+    cut as ChatGLM2's split plan says (``splits.split_plan``).
 
     ``query_key_value`` rows: ``[Q_r; K_r; V_r]`` (this rank's query heads, then its key/value groups;
     with more ranks than groups, the one group its heads belong to, ``r // (size / groups)``);
     ``dense_h_to_4h`` rows: ``[gate_r; up_r]``; ``dense`` and ``dense_4h_to_h`` weights: a slice of
     columns. Everything else (embedding, norms, output layer, row-split biases) is whole on every rank.
+    A tensor that does not split so is a one-line WeightsError.
     """
-    d = config.kv_channels
-    if ".query_key_value." in name:
-        if not config.multi_query_attention:  # per-head [q; k; v] blocks: a contiguous run of heads
-            return full.chunk(size, dim=0)[rank]
-        heads, groups = config.num_attention_heads, config.num_key_value_heads
-        copies = size // groups if size > groups else 1
-        return section_part(full, (heads * d, groups * d, groups * d), rank, size, (1, copies, copies))
-    if ".dense_h_to_4h." in name:
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
-    if name.endswith(_ROW_SPLIT):
-        return full.chunk(size, dim=1)[rank]
-    return full
+    try:
+        return split_plan(config, size).slice(name, full, rank, size)
+    except ValueError as error:
+        raise WeightsError(f"{name} {list(full.shape)} does not split over tensor-parallel size {size} "
+                           f"({error})") from None
 
 
-_ROW_SPLIT = (".self_attention.dense.weight", ".dense_4h_to_h.weight")
 # Parts several ranks hold (a key/value group at T > G; whole tensors) are taken from the first rank holding
 # them; the others must agree with it to this tolerance (compared in float32; rtol at least two units of the
 # stored dtype's precision, so a bf16 copy may be a rounding or two apart). Training keeps copies equal
@@ -494,16 +488,9 @@ _ROW_SPLIT = (".self_attention.dense.weight", ".dense_4h_to_h.weight")
 COPY_RTOL, COPY_ATOL = 1e-3, 1e-5
 
 
-def _qkv_sections(config: ChatGLM2Config, size: int):
-    """``query_key_value``'s row blocks ``(Q, K, V)`` and how many ranks hold each part of them."""
-    d, heads, groups = config.kv_channels, config.num_attention_heads, config.num_key_value_heads
-    copies = size // groups if size > groups else 1
-    return (heads * d, groups * d, groups * d), (1, copies, copies)
-
-
 def tensor_parallel_merge(name: str, parts: list, config: ChatGLM2Config) -> torch.Tensor:
-    """THUDM's whole tensor ``name`` from every rank's part (in rank order): ``tensor_parallel_slice``'s
-    inverse, so ``merge([slice(full, r) for r])`` is ``full`` exactly.
+    """THUDM's whole tensor ``name`` from every rank's part (in rank order), merged as ChatGLM2's split plan
+    says: ``tensor_parallel_slice``'s inverse, so ``merge([slice(full, r) for r])`` is ``full`` exactly.
 
     ``query_key_value`` rows: each rank's ``[Q_r; K_r; V_r]`` put back as ``[Q | K | V]`` (a key/value group
     several ranks hold, T > G, read from the first of them); ``dense_h_to_4h``: the ``gate_r`` halves, then
@@ -514,21 +501,8 @@ def tensor_parallel_merge(name: str, parts: list, config: ChatGLM2Config) -> tor
     size = len(parts)
     shapes = [list(p.shape) for p in parts]
     try:
-        if size == 1:
-            whole = parts[0]
-        elif ".query_key_value." in name:
-            if not config.multi_query_attention:  # per-head [q; k; v] blocks: runs of heads side by side
-                whole = torch.cat(parts, dim=0)
-            else:
-                whole = sections_whole(parts, *_qkv_sections(config, size))
-        elif ".dense_h_to_4h." in name:
-            halves = [p.chunk(2, dim=0) for p in parts]
-            whole = torch.cat([torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)])
-        elif name.endswith(_ROW_SPLIT):
-            whole = torch.cat(parts, dim=1)
-        else:
-            whole = parts[0]
-    except RuntimeError:  # parts that do not even fit together
+        whole = split_plan(config, size).merge(name, parts)
+    except (RuntimeError, ValueError):  # parts that do not even fit together
         raise WeightsError(f"{name}: parts of shapes {shapes} are not {size} tensor-parallel slices of one "
                            f"tensor of this model") from None
     for rank, part in enumerate(parts):
@@ -582,7 +556,10 @@ class ShardSource:
         for name, shape in expected.items():
             whole = torch.empty(shape, device="meta")
             for rank, (path, module) in enumerate(zip(files, self.modules)):
-                want = list(tensor_parallel_slice(name, whole, self.config, rank, size).shape)
+                try:
+                    want = list(tensor_parallel_slice(name, whole, self.config, rank, size).shape)
+                except WeightsError:  # the saved config's tensor does not even cut into this many parts
+                    want = f"none ({list(shape)} does not cut into {size} parts)"
                 if list(module[name].shape) != want:
                     raise WeightsError(f"{path}: {name} is {list(module[name].shape)}, rank {rank}'s slice at "
                                        f"tensor parallel {size} of the saved config is {want} (a rank's file "

@@ -9,7 +9,7 @@ import shim as torch
 from glm_port.models.glm.config import GLMConfig
 from glm_port.models.glm.model import GLMModel
 from glm_port.models.glm.seq2seq import encode_pair
-from glm_port.training import collate as _collate
+from glm_port.training import pad_batch
 from glm_port.training import left_padded, positions_logits
 
 EMBEDDED = "glm-tiny"
@@ -89,7 +89,7 @@ def encode(vocab, pairs, src_length: int, tgt_length: int, with_targets: bool = 
 
 
 def collate(samples, vocab) -> dict:
-    return _collate(samples, vocab.pad_id)
+    return pad_batch(samples, vocab.pad_id)
 
 
 def generate(model: GLMModel, vocab, samples, search: dict, batch_size: int, device) -> list[str]:

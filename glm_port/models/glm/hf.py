@@ -128,7 +128,7 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         for local, index in enumerate(layers):
             # A pipeline stage's cache holds its own layers only, numbered from 0.
             hidden = transformer.layers[index](hidden, visible, cache=layer_cache,
-                                               layer_index=index if stage is None else local)
+                                               cache_index=index if stage is None else local)
         kept = logits_to_keep or query_length
         if stage is not None and not stage.is_last:
             stage.send_forward(hidden)

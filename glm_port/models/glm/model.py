@@ -18,7 +18,8 @@ Pre-LN layers, tanh GELU, 2D positions (position + block position), logits tied 
 embeddings, Transformer-XL style ``mems``. Under tensor parallel the linear layers and the embedding
 are shards (Megatron's split: QKV per third, column-parallel h->3h and h->4h, row-parallel back) and
 the logits come out vocab-sharded, as upstream's ``parallel_output``. The split is declared where each
-layer is built (shim's ``Linear1D`` / ``VocabParallelEmbedding``, Megatron's ``skip_bias_add`` for the
+layer is built, from GLM's split plan (``splits.SPLIT_PLAN``, the table the loaders slice and merge by)
+(shim's ``Linear1D`` / ``VocabParallelEmbedding``, Megatron's ``skip_bias_add`` for the
 matmuls whose bias is fused into the next op); in one process they are plain ``nn.Linear`` /
 ``nn.Embedding``. The launcher's layout (``glm_port.distributed.ParallelEnv``) is what makes them shards.
 
@@ -40,6 +41,7 @@ import shim.nn as nn
 import shim.nn.functional as F
 from glm_port.models.glm.attention import ATTENTION_IMPLS, visibility_mask
 from glm_port.models.glm.config import GLMConfig
+from glm_port.models.glm.splits import layer_split
 
 
 # THUDM's Hugging Face code nests upstream's keys under its base_model_prefix; both spellings load.
@@ -64,16 +66,12 @@ def _normal_(std: float):
     return init
 
 
-def _column(in_features, out_features, init, layer_idx):
-    """``in -> out`` split by output rows over tensor-parallel ranks; bias returned for fusing."""
-    return nn.Linear1D(in_features, out_features, parallel="col", layer_idx=layer_idx, init_method=init,
-                       skip_bias_add=True)
-
-
-def _row(in_features, out_features, init, layer_idx):
-    """``in -> out`` split by input columns, outputs summed over the ranks; bias returned for fusing."""
-    return nn.Linear1D(in_features, out_features, parallel="row", layer_idx=layer_idx, init_method=init,
-                       skip_bias_add=True)
+def _linear(name, in_features, out_features, init, layer_idx, *, skip_bias_add=True):
+    """Layer ``layer_idx``'s linear ``name``, ``in -> out``, split over tensor-parallel ranks as GLM's split
+    plan says for its weight (``splits.SPLIT_PLAN``, the table the loaders slice by); bias returned for
+    fusing unless ``skip_bias_add`` is off."""
+    return nn.Linear1D(in_features, out_features, layer_idx=layer_idx, init_method=init,
+                       skip_bias_add=skip_bias_add, **layer_split(layer_idx, name))
 
 
 def _built_here(*layer_idx):
@@ -95,11 +93,9 @@ class SelfAttention(nn.Module):
         self.heads = nn.heads_per_rank(config.num_attention_heads)  # this rank's heads
         self.head_dim = config.head_dim
         # Q|K|V thirds, split per third (stride 3) so each rank holds [Q_r; K_r; V_r], upstream's mp_rank layout.
-        self.query_key_value = nn.Linear1D(
-            config.hidden_size, 3 * config.hidden_size, parallel="col", init_method=_normal_(config.init_method_std),
-            stride=3, layer_idx=layer_idx,
-        )
-        self.dense = _row(config.hidden_size, config.hidden_size, output_init, layer_idx)
+        self.query_key_value = _linear("attention.query_key_value", config.hidden_size, 3 * config.hidden_size,
+                                       _normal_(config.init_method_std), layer_idx, skip_bias_add=False)
+        self.dense = _linear("attention.dense", config.hidden_size, config.hidden_size, output_init, layer_idx)
         self.attention_dropout = config.attention_dropout_prob
         self.output_dropout = config.output_dropout_prob
         self.attend = ATTENTION_IMPLS[config.attention_impl]
@@ -108,15 +104,17 @@ class SelfAttention(nn.Module):
     def _heads(self, x):  # [b, s, n*d] -> [b, n, s, d]
         return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
-    def forward(self, x, visible, residual, mem=None, cache=None, layer_index=0):
+    def forward(self, x, visible, residual, mem=None, cache=None, cache_index=0):
         """``cache`` (a transformers ``Cache``): this layer's keys and values of earlier positions; the new
-        ones are appended, so a decode step projects only the new tokens (``mem`` re-projects ``[mem; x]``)."""
+        ones are appended, so a decode step projects only the new tokens (``mem`` re-projects ``[mem; x]``).
+        ``cache_index``: this layer's slot in ``cache``, counted among the layers the cache holds (a pipeline
+        stage's own, from 0), not ``layer_idx`` (the model's index, which picks the layer's mesh)."""
         query_length = x.size(1)
         qkv = self.query_key_value(x if mem is None else torch.cat((mem, x), dim=1))
         q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))
         q = q[:, :, -query_length:]
         if cache is not None:
-            k, v = cache.update(k, v, layer_index)
+            k, v = cache.update(k, v, cache_index)
             if k.size(-2) > visible.size(-1):  # a preallocated (static) cache: its empty slots stay unseen
                 visible = F.pad(visible, (0, k.size(-2) - visible.size(-1)), value=False)
         with self._dropout_rng():
@@ -139,8 +137,8 @@ class MLP(nn.Module):
     def __init__(self, config: GLMConfig, output_init, layer_idx: int = 0):
         super().__init__()
         h, inner = config.hidden_size, config.ffn_hidden_size
-        self.dense_h_to_4h = _column(h, inner, _normal_(config.init_method_std), layer_idx)
-        self.dense_4h_to_h = _row(inner, h, output_init, layer_idx)
+        self.dense_h_to_4h = _linear("mlp.dense_h_to_4h", h, inner, _normal_(config.init_method_std), layer_idx)
+        self.dense_4h_to_h = _linear("mlp.dense_4h_to_h", inner, h, output_init, layer_idx)
         self.dropout = config.output_dropout_prob
 
     def forward(self, x, residual):
@@ -158,9 +156,9 @@ class TransformerLayer(nn.Module):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = MLP(config, output_init, layer_idx)
 
-    def forward(self, x, visible, mem=None, cache=None, layer_index=0):
+    def forward(self, x, visible, mem=None, cache=None, cache_index=0):
         mem = self.input_layernorm(mem) if mem is not None else None
-        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem, cache=cache, layer_index=layer_index)
+        x = self.attention(self.input_layernorm(x), visible, residual=x, mem=mem, cache=cache, cache_index=cache_index)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from glm_port.training import Encoded, collate  # noqa: F401  (the trainers' sample and batch)
+from glm_port.data._renamed import renamed
+from glm_port.training import Encoded, pad_batch  # noqa: F401  (the trainers' sample and batch)
 
 
 def encode_source(tokenizer, source_ids: list[int], src_length: int) -> list[int]:
@@ -46,3 +47,6 @@ def encode_pair(tokenizer, source_ids: list[int], target_ids: list[int] | None, 
         loss_mask=loss_mask.astype(np.float32),
         truncated_target=truncated,
     )
+
+
+__getattr__ = renamed(__name__, {"collate": "pad_batch"}, globals())  # the name before issue 27

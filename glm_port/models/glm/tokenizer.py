@@ -64,7 +64,7 @@ def generation_mask(key_visible: torch.Tensor, prompt_length: int, total_length:
 
 
 class GLMTokenizer:
-    """GLM's tokenizer for inference. ``vocab`` is a ``glm_port.data.tokenization.GLMTokenizer``.
+    """GLM's tokenizer for inference. ``vocab`` is a ``glm_port.data.tokenization.GLMVocab``.
 
     Ids: ``eos_token_id``, ``pad_token_id``, ``cls_token_id``, ``sop_token_id``, ``eop_token_id``,
     ``mask_token_id``, ``smask_token_id``, ``gmask_token_id``; ``mask_token_ids`` are the three blanks.

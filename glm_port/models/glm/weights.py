@@ -12,9 +12,10 @@ Sources (``find_source``):
   in an iteration directory or under a ``latest_checkpointed_iteration.txt`` / DeepSpeed ``latest`` tracker;
 - a ``glm-pretrain --save`` directory (the same layout, with the architecture under ``'glm_config'``).
 
-Tensor-parallel slices follow Megatron's split rules (``SPLIT_RULES``): the fused QKV weight splits per
-third, the word embeddings and ``dense_h_to_4h`` on dim 0 (rows), ``attention.dense`` and ``dense_4h_to_h``
-weights on dim 1; everything else is replicated. A checkpoint saved at model-parallel size ``s`` is
+Tensor-parallel slices follow Megatron's split rules, GLM's split plan (``splits.SPLIT_PLAN``, the
+table the model's layers are built by too): the fused QKV weight splits per third, the word embeddings and
+``dense_h_to_4h`` on dim 0 (rows), ``attention.dense`` and ``dense_4h_to_h`` weights on dim 1; everything
+else is replicated. A checkpoint saved at model-parallel size ``s`` is
 merged and re-split to the run's tensor-parallel size ``t``; each rank reads only the files holding its
 slice (``s / t`` files when merging, one when splitting).
 
@@ -42,72 +43,41 @@ from glm_port.checkpoint_io import load_file
 from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.dtypes import parse_dtype
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
+from glm_port.models.glm.splits import SPLIT_PLAN
+from shim.nn.split_plan import merge_ranks, slice_for_rank
 
 HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
                    "pytorch_model.bin")
 
 
-# ---- Megatron's split rules ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SplitRule:
-    dim: int
-    thirds: bool = False  # fused Q|K|V: each rank's slice is [Q_r; K_r; V_r]
-
-
-SPLIT_RULES = (
-    (re.compile(r"word_embeddings\.weight$"), SplitRule(0)),
-    (re.compile(r"attention\.query_key_value\.(weight|bias)$"), SplitRule(0, thirds=True)),
-    (re.compile(r"mlp\.dense_h_to_4h\.(weight|bias)$"), SplitRule(0)),
-    (re.compile(r"attention\.dense\.weight$"), SplitRule(1)),
-    (re.compile(r"mlp\.dense_4h_to_h\.weight$"), SplitRule(1)),
-)
-
-
-def split_rule(name: str) -> SplitRule | None:
-    """How ``name`` is sliced over tensor-parallel ranks; ``None``: replicated."""
-    for pattern, rule in SPLIT_RULES:
-        if pattern.search(name):
-            return rule
-    return None
-
-
+# ---- Megatron's split rules: GLM's split plan (splits.py) --------------------------------------------
 def merge_slices(name: str, slices: list, files: list | None = None) -> "torch.Tensor":
     """The whole tensor from its tensor-parallel slices (in rank order; ``files``: where each came from, for the
-    message). Slices that are not one tensor's (other shapes: shards of different models mixed) are a
-    one-line WeightsError."""
-    rule = split_rule(name)
+    message), merged as GLM's split plan says. Slices that are not one tensor's (other shapes: shards of
+    different models mixed) are a one-line WeightsError."""
+    split = SPLIT_PLAN.split_for(name)
     shapes = [list(s.shape) for s in slices]
-    keep = [d for d in range(len(shapes[0])) if rule is None or d != rule.dim]
+    keep = [d for d in range(len(shapes[0])) if d != split.dim]
     if any(len(s) != len(shapes[0]) or [s[d] for d in keep] != [shapes[0][d] for d in keep] for s in shapes):
         where = [Path(f).name for f in files] if files else [f"rank {r}" for r in range(len(slices))]
         shown = ", ".join(f"{shape} in {place}" for shape, place in zip(shapes, where))
         inside = f" in {Path(files[0]).parent}" if files else ""
         raise WeightsError(f"{name}: the tensor-parallel shards{inside} do not fit together ({shown}): files of "
                            f"different models or runs mixed?")
-    if rule is None or len(slices) == 1:
-        return slices[0]
-    if rule.thirds:
-        parts = [s.chunk(3, dim=0) for s in slices]
-        return torch.cat([torch.cat([p[i] for p in parts], dim=0) for i in range(3)], dim=0)
-    return torch.cat(slices, dim=rule.dim)
+    return merge_ranks(slices, split)
 
 
 def take_slice(name: str, tensor, size: int, rank: int):
-    """Rank ``rank``'s slice of ``tensor`` (a tensor, or a safetensors slice read lazily) out of ``size``."""
-    rule = split_rule(name)
-    if rule is None or size == 1:
+    """Rank ``rank``'s slice of ``tensor`` (a tensor, or a safetensors slice read lazily) out of ``size``, cut
+    as GLM's split plan says."""
+    split = SPLIT_PLAN.split_for(name)
+    if split.dim is None or size == 1:
         return tensor[:] if not isinstance(tensor, torch.Tensor) else tensor
-    shape = list(tensor.get_shape()) if not isinstance(tensor, torch.Tensor) else list(tensor.shape)
-    if shape[rule.dim] % (3 * size if rule.thirds else size):
-        raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size}")
-    if rule.thirds:
-        third = shape[0] // 3
-        step = third // size
-        return torch.cat([tensor[i * third + rank * step:i * third + (rank + 1) * step] for i in range(3)], dim=0)
-    step = shape[rule.dim] // size
-    if rule.dim == 0:
-        return tensor[rank * step:(rank + 1) * step]
-    return tensor[:, rank * step:(rank + 1) * step]
+    try:
+        return slice_for_rank(tensor, split, rank, size)
+    except ValueError:
+        shape = list(tensor.get_shape()) if not isinstance(tensor, torch.Tensor) else list(tensor.shape)
+        raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size}") from None
 
 
 # ---- where the weights are -------------------------------------------------------------------------
