@@ -189,6 +189,8 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     for i, batch in enumerate(microbatches):
         # Only the last micro-batch all-reduces gradients under DDP.
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last one only
+            model.set_requires_gradient_sync(i == len(microbatches) - 1)
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
                 loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing,
