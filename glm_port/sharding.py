@@ -18,7 +18,9 @@ the gathered parameters during a step.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import types
 from dataclasses import dataclass
 
 import shim as torch
@@ -111,6 +113,29 @@ def is_sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def root_gathered(model):
+    """For code that reaches a sharded model's parts without calling the model itself (generation through a
+    wrapper that runs its embedding, layers and head one by one): the root's FSDP pre-forward is run first
+    (it initialises the root and gathers the root's own parameters: embeddings, final norm), the layers still
+    gather theirs in their forward; every unit is resharded after. Nothing happens for an unsharded model."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if not is_sharded(model):
+        yield model
+        return
+    if "_gather_root" not in vars(model):
+        model._gather_root = types.MethodType(lambda self: None, model)
+        register_fsdp_forward_method(model, "_gather_root")  # torch's hook for forward methods other than forward
+    model._gather_root()
+    try:
+        yield model
+    finally:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):

@@ -112,6 +112,12 @@ def _check_features(args) -> None:
     if conversation and family.chat is None:  # the prompt is the one the family's chat builds: it needs one
         raise FinetuneError(f"{conversation}: the {family.name} family has no chat format (conversations are "
                             f"ChatGLM2's and ChatGLM3's)")
+    if args.sharding_stage and (args.lora or args.lora_path):
+        raise FinetuneError(f"--sharding {args.sharding} with LoRA is not supported: the adapters are small, train "
+                            "them with plain data parallel (drop --sharding)")
+    if args.sharding_stage and args.tensor_parallel_degree > 1:
+        raise FinetuneError(f"--sharding {args.sharding} with --tensor_parallel_degree > 1 is not supported: shard "
+                            "over data parallel alone, or split the model with tensor parallel alone")
     if args.sharding_stage:  # before anything is written (the embedded task's files included)
         from glm_port.sharding import resolve_degree
 
@@ -226,9 +232,12 @@ def generate_targets(session: Session, args, samples: list) -> list[str]:
     if args.select_topk:
         search.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
     session.model.eval()
-    return session.binding.generate(session.base if not hasattr(session.model, "peft_config") else session.model,
-                                    session.tokenizer, samples, search, args.per_device_eval_batch_size,
-                                    session.env.device)
+    from glm_port.sharding import root_gathered
+
+    with root_gathered(session.model):  # sharded: generation reaches the model's parts one by one
+        return session.binding.generate(session.base if not hasattr(session.model, "peft_config") else session.model,
+                                        session.tokenizer, samples, search, args.per_device_eval_batch_size,
+                                        session.env.device)
 
 
 def evaluate(session: Session, args, pairs: list[Pair], samples: list) -> tuple[dict, list[str]]:
@@ -283,12 +292,6 @@ def _check_inputs(args) -> None:
         raise FinetuneError("--merge_tensor_parallel_path with LoRA: the adapter is saved whole, there are no shards "
                             "to merge; fold it into its base with glm-export (or train with --merge_lora at "
                             "tensor-parallel size 1)")
-    if args.sharding_stage and (args.lora or args.lora_path):
-        raise FinetuneError(f"--sharding {args.sharding} with LoRA is not supported: the adapters are small, train "
-                            "them with plain data parallel (drop --sharding)")
-    if args.sharding_stage and args.tensor_parallel_degree > 1:
-        raise FinetuneError(f"--sharding {args.sharding} with --tensor_parallel_degree > 1 is not supported: shard "
-                            "over data parallel alone, or split the model with tensor parallel alone")
     if args.label_smoothing and args.tensor_parallel_degree > 1:
         raise FinetuneError("--label_smoothing with --tensor_parallel_degree > 1 is not supported "
                             "(the vocab-parallel cross entropy has no smoothing)")

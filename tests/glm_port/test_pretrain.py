@@ -173,7 +173,7 @@ def test_deepspeed_config_fields(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     ({"optimizer": {"type": "Lamb"}}, "optimizer 'Lamb' is not supported"),
     ({"scheduler": {"type": "WarmupLR"}}, "a DeepSpeed 'scheduler' is not supported"),
-    ({"zero_optimization": {"stage": 3}}, "ZeRO stage 3 is not supported"),
+    ({"zero_optimization": {"stage": 4}}, "ZeRO stage 4 is not supported"),
 ])
 def test_deepspeed_config_that_cannot_be_honoured(tmp_path, capsys, extra, message):
     config = tmp_path / "ds.json"

@@ -34,6 +34,9 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "tensor_parallel_selective_checkpointing": (
         2, ["--batch-size", "4", "--model-parallel-size", "2", "--checkpoint-policy", "selective"],
         ["--batch-size", "4"]),
+    # ZeRO stage 3 from a DeepSpeed config: FSDP2 over the 2 data-parallel ranks (glm_port.sharding)
+    "zero3_data_parallel": (2, ["--batch-size", "2", "--deepspeed_config", "{out_dir}/zero3.json"],
+                            ["--batch-size", "4"]),
 }
 SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
 TIMEOUT_S = 240
@@ -61,7 +64,7 @@ def _rank_main(rank, world_size, port, out_dir):
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
-                main([*COMMON, *argv])
+                main([*COMMON, *(a.format(out_dir=out_dir) for a in argv)])
         except BaseException:
             out.write("FAILED\n" + traceback.format_exc())
         Path(out_dir, f"{name}.{rank}.txt").write_text(out.getvalue())
@@ -89,6 +92,7 @@ def _launch(world_size: int, out_dir: str) -> None:
 def rank_logs():
     """Logs of every run, by ``name.rank.txt``, and the two shards the 2-rank tensor-parallel run saved."""
     with tempfile.TemporaryDirectory() as out_dir:
+        Path(out_dir, "zero3.json").write_text('{"zero_optimization": {"stage": 3}}')
         for world_size in sorted({world for world, _, _ in RUNS.values()}):
             _launch(world_size, out_dir)
         logs = {p.name: p.read_text() for p in Path(out_dir).glob("*.txt")}
@@ -107,6 +111,8 @@ def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
         if rank:
             assert logged_losses(logs[f"{name}.{rank}.txt"]) == {}  # only rank 0 logs
     parallel = logged_losses(logs[f"{name}.0.txt"])
+    if name.startswith("zero3"):
+        assert "ZeRO stage 3: parameters, gradients and optimizer state sharded over the 2" in logs[f"{name}.0.txt"]
 
     main([*COMMON, *single_argv])
     out = capsys.readouterr().out
