@@ -15,6 +15,11 @@ A save goes to a hidden temporary directory that is renamed into place, and the 
 replaced last (each written file flushed and fsynced, then its directory), so an interrupted save leaves the
 previous checkpoint as the latest one; what a killed save left behind is cleared by the next save or load.
 A latest checkpoint that cannot be read is reported with the newest intact one before it.
+
+A sharded run (``glm_port.sharding``: FSDP2) saves with torch.distributed.checkpoint instead
+(``save_sharded_checkpoint``): ``SAVE/20/`` holds every rank's shards (``.metadata``, ``__R_0.distcp``) and
+``training_state.pt``; the same tracker and atomic publication, and ``load_checkpoint`` reads it at any
+world size (``find_checkpoint`` names its ``training_state.pt``).
 """
 
 from __future__ import annotations

@@ -78,8 +78,12 @@ def build_optimizer(model, settings: OptimizerSettings):
     groups = weight_decay_param_groups(model, settings.weight_decay)
     groups = [g for g in groups if g["params"]]
     # The fused kernel needs every parameter on one device type with a floating dtype; plain
-    # tensors qualify (CPU and CUDA), DTensor shards go the foreach way.
-    fused = all(type(p) is torch.nn.Parameter for g in groups for p in g["params"])
+    # tensors qualify (CPU and CUDA), and so do DTensors all on one mesh (FSDP2's shards, glm_port.sharding:
+    # the fused op runs on each local shard); a mix (tensor parallel's DTensors beside plain
+    # tensors) goes the foreach way.
+    params = [p for g in groups for p in g["params"]]
+    meshes = {getattr(p, "device_mesh", None) for p in params}
+    fused = all(type(p) is torch.nn.Parameter for p in params) or (None not in meshes and len(meshes) == 1)
     optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps, fused=fused or None)
     warmup_iters = settings.warmup * settings.decay_iters
     schedule = annealing_lr(warmup_iters, settings.decay_iters, settings.decay_style, settings.decay_ratio)

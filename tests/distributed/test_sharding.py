@@ -80,7 +80,8 @@ def _assert_same_run(model, losses, reference, ref_losses):
 def check_stage3_equals_one_process():
     from glm_port.sharding import is_sharded, transformer_layers
 
-    env, model, _, losses, reference, ref_losses = _train(3)
+    env, model, optimizer, losses, reference, ref_losses = _train(3)
+    assert optimizer.defaults["fused"]  # AdamW's fused kernel on the shards (one mesh), as on plain tensors
     assert is_sharded(model) and all(is_sharded(layer) for layer in transformer_layers(model))
     assert env.sharding.reshard_after_forward and not env.sharding.hybrid
     _assert_same_run(model, losses, reference, ref_losses)
