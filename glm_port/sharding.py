@@ -168,7 +168,9 @@ def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
         total = total ** (1.0 / norm_type)
     coefficient = max_norm / (total + 1e-6)
     if coefficient < 1:
-        torch._foreach_mul_(local, coefficient.item())
+        scale = coefficient.item()
+        for piece in local:  # the shards in place: the DTensor gradients follow
+            piece.mul_(scale)
     return total
 
 
