@@ -224,6 +224,26 @@ def load_sharded_checkpoint(path, model, *, optimizer=None, scheduler=None, grad
     return int(sd.get("iteration", 0))
 
 
+def read_sharded_weights(directory) -> dict:
+    """The whole model's weights in a ``save_sharded_checkpoint`` directory, read in this process (every rank's
+    shards put together by DCP, no process group needed): what glm-merge and the GLM loaders take from it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(directory))
+    try:
+        metadata = reader.read_metadata()
+    except Exception as error:
+        raise CheckpointError(f"{directory}: not a readable sharded checkpoint ({error})") from None
+    weights = {key[len("model."):]: torch.empty(entry.size, dtype=entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items()
+               if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # DCP says it reads in one process: it is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
+
+
 def clear_interrupted_saves(save_dir: Path) -> None:
     """Remove what a save killed midway (``kill -9``) left in ``save_dir``: staging ``.tmp-N`` directories and
     the tracker's temporary file. An ``.old-N`` copy is put back as ``N`` if the kill came between the swap's

@@ -115,6 +115,21 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def as_root_forward(model, logits_fn):
+    """``logits_fn(model, batch, counted)`` run as a forward of the sharded root: a family whose logits call a
+    submodule and then use the root's weights directly (ChatGLM2: ``model.transformer``, then its output
+    layer's weight) gets the root's parameters gathered around it and the root's backward hooks on its output,
+    as a call of the model would. The same function back for an unsharded model."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    if not is_sharded(model):
+        return logits_fn
+    if "_root_logits" not in vars(model):
+        model._root_logits = types.MethodType(lambda self, fn, batch, counted: fn(self, batch, counted), model)
+        register_fsdp_forward_method(model, "_root_logits")  # torch's hook for forward methods other than forward
+    return lambda root, batch, counted: root._root_logits(logits_fn, batch, counted)
+
+
 @contextlib.contextmanager
 def root_gathered(model):
     """For code that reaches a sharded model's parts without calling the model itself (generation through a

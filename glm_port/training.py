@@ -22,6 +22,7 @@ import shim as torch
 import shim.distributed as dist
 import shim.nn.functional as F
 from glm_port.distributed import ParallelEnv
+from glm_port.sharding import as_root_forward
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 
@@ -185,6 +186,7 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
     ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
     env = env or ParallelEnv(precision.device)
+    logits_fn = as_root_forward(model, logits_fn)  # sharded (FSDP2): the logits as a forward of the root
     # A new step for layers compiled as CUDA graphs (mode reduce-overhead): last step's graph outputs may be
     # reused. Nothing else notices it.
     torch.compiler.cudagraph_mark_step_begin()

@@ -184,6 +184,16 @@ def test_checkpoint_saved_at_world_size_2_loads_in_one_process(results):
     assert load_checkpoint(directory / "ckpt", model, optimizer=optimizer, scheduler=scheduler) == STEPS
     for name, value in model.state_dict().items():
         assert torch.equal(value, whole["model"][name]), name
+    # glm-merge's reader takes the whole weights and the architecture out of it too
+    from glm_port.convert.merge import merged_state
+    from glm_port.models.glm import weights
+
+    source = weights.find_source(directory / "ckpt")
+    assert weights.source_config(source).hidden_size == CONFIG.hidden_size
+    merged = merged_state(source)
+    assert merged.keys() == whole["model"].keys()
+    for name, value in merged.items():
+        assert torch.equal(value, whole["model"][name]), name
     names = {p: n for n, p in model.named_parameters()}
     for param, state in optimizer.state.items():
         for key in ("exp_avg", "exp_avg_sq"):

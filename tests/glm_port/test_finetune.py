@@ -218,11 +218,28 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
 def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_model(tmp_path, capsys):
     """--sharding stage3 on 2 ranks (FSDP2, each at batch 16) == one process at batch 32: the same losses and
     evaluation scores (beam search through the sharded model), the final model saved whole (as one process
-    saves it), and the step-2 checkpoint as DCP shards."""
+    saves it), and the step-2 checkpoint as DCP shards; ChatGLM2 at stage 2 likewise (losses, saved model)."""
     argv = [*TP_ARGV, "--do_eval", "true", "--max_steps", "4", "--save_steps", "2", "--num_beams", "2",
             "--per_device_eval_batch_size", "48"]
-    (log,) = _run_two_ranks(tmp_path, [*argv, "--tensor_parallel_degree", "1", "--sharding", "stage3",
-                                       "--per_device_train_batch_size", "16", "--output_dir", str(tmp_path / "fsdp")])
+    # ChatGLM2 too (its logits call model.transformer, then the output layer's weight: run as the root's forward)
+    chatglm2 = ["--model_name_or_path", "chatglm2-tiny", *TP_ARGV, "--max_steps", "3"]
+    log, chatglm2_log = _run_two_ranks(
+        tmp_path, [*argv, "--tensor_parallel_degree", "1", "--sharding", "stage3", "--per_device_train_batch_size",
+                   "16", "--output_dir", str(tmp_path / "fsdp")],
+        [*chatglm2, "--tensor_parallel_degree", "1", "--sharding", "stage2", "--per_device_train_batch_size", "16",
+         "--output_dir", str(tmp_path / "chatglm2_fsdp")])
+    single = _losses(_run([*chatglm2, "--per_device_train_batch_size", "32", "--output_dir",
+                           str(tmp_path / "chatglm2_one")], capsys))
+    assert sorted(_losses(chatglm2_log)) == sorted(single) == [1, 2, 3]
+    for step, loss in single.items():
+        assert _losses(chatglm2_log)[step] == pytest.approx(loss, rel=1e-4), step
+    from glm_port.models.chatglm2.weights import load_pretrained
+
+    ids = torch.tensor([[5, 17, 42, 99, 7, 300, 11, 64]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_pretrained(tmp_path / "chatglm2_fsdp" / "final")(ids).logits,
+                                   load_pretrained(tmp_path / "chatglm2_one" / "final")(ids).logits,
+                                   rtol=1e-4, atol=1e-4)
     assert " > --sharding stage3: FSDP2 over 2 ranks" in log
     single_log = _run([*argv, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")], capsys)
     parallel, single = _losses(log), _losses(single_log)
