@@ -100,6 +100,27 @@ def check_hybrid_degree_1_equals_one_process():
     _assert_same_run(model, losses, reference, ref_losses)
 
 
+def check_bf16_computes_in_bf16_on_fp32_masters():
+    """--bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the layers see bf16 weights, the
+    shards, their gradients and AdamW's states stay fp32; the losses track fp32's (2%)."""
+    from glm_port.sharding import transformer_layers
+
+    env = ParallelEnv.from_environment(sharding_stage=3)
+    torch.manual_seed(0)
+    model = env.shard(GLMModel(CONFIG), torch.bfloat16)
+    seen = set()
+    transformer_layers(model)[0].register_forward_pre_hook(lambda m, _: seen.add(m.attention.dense.weight.dtype))
+    optimizer, scheduler = build_optimizer(model, _settings())
+    precision = Precision(torch.device("cpu"), torch.bfloat16)
+    losses = [train_step(model, [_half(_batch(step), env.dp_rank)], optimizer, scheduler, precision, clip_grad=CLIP,
+                         env=env) for step in range(STEPS)]
+    assert seen == {torch.bfloat16}
+    for p in model.parameters():
+        assert p.dtype == p.grad.dtype == optimizer.state[p]["exp_avg"].dtype == torch.float32
+    _, _, _, fp32_losses, _, _ = _train(3)
+    assert losses == pytest.approx(fp32_losses, rel=0.02)
+
+
 def check_each_rank_holds_half():
     from glm_port.sharding import local_numel
 
