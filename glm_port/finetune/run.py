@@ -360,6 +360,8 @@ def setup(args) -> Session:
             mode = f"hybrid, {env.dp_size // env.sharding.degree} replicas of " if env.sharding.hybrid else ""
             print(f" > --sharding stage{env.sharding.stage}: FSDP2 over {mode}{env.sharding.degree} ranks",
                   flush=True)
+    elif args.sharding_stage and env.is_main:
+        print(f" > --sharding {args.sharding}: one process, nothing to shard (launch with torchrun)", flush=True)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home, save_dtype)

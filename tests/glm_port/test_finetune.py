@@ -260,6 +260,14 @@ def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_mod
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
 
 
+def test_sharding_in_one_process_says_there_is_nothing_to_shard(tmp_path, capsys):
+    out = _run(["--sharding", "stage2", "--max_steps", "1", "--logging_steps", "1", "--do_eval", "false",
+                "--output_dir", str(tmp_path)],
+               capsys)
+    assert " > --sharding stage2: one process, nothing to shard (launch with torchrun)" in out
+    assert _losses(out).keys() == {1} and (tmp_path / "final" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("argv, world, message", [
     (["--sharding", "stage2", "--sharding_degree", "3"], "4", "--sharding_degree 3 does not divide the 4 data-parallel"),
     (["--sharding", "stage3", "--lora"], "2", "--sharding stage3 with LoRA is not supported"),
