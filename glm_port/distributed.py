@@ -73,8 +73,9 @@ class ParallelEnv:
                 f"(launch with torchrun --nproc_per_node N, N a multiple of it)"
             )
         if sharding_stage and tensor_parallel_size > 1:
-            raise ValueError("sharding with tensor parallel > 1 is not supported: shard over data parallel only, "
-                             "or split the model with tensor parallel alone")
+            raise ValueError(f"sharded data parallel (ZeRO stage {sharding_stage}) with tensor parallel "
+                             f"{tensor_parallel_size} is not supported: shard over data parallel alone, or split "
+                             "the model with tensor parallel alone")
         degree = resolve_degree(sharding_stage, sharding_degree, world_size, tensor_parallel_size)
         device = torch.device(device) if device else torch.device()
         if device.type == "cuda":
