@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import types
 from dataclasses import dataclass
 
@@ -110,6 +111,8 @@ def shard_model(model, sharding: Sharding, param_dtype=None):
 
 
 def is_sharded(model) -> bool:
+    if "torch.distributed.fsdp" not in sys.modules:  # never imported: nothing is sharded (and a one-process
+        return False  # run does not pay for the import)
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)

