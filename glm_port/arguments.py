@@ -272,9 +272,9 @@ def apply_deepspeed_config(args: argparse.Namespace, parser: argparse.ArgumentPa
     except json.JSONDecodeError as error:
         parser.error(f"--deepspeed_config {path}: not valid JSON ({error})")
     stage = config.get("zero_optimization", {}).get("stage", 0)
-    if stage > 2:
-        parser.error(f"--deepspeed_config {path}: ZeRO stage {stage} is not supported (stages 0-2 run unsharded)")
-    args.zero_stage = stage  # 1 and 2 shard optimizer state and gradients: same math, run here unsharded
+    if stage not in (0, 1, 2, 3):
+        parser.error(f"--deepspeed_config {path}: ZeRO stage {stage!r} is not supported (stages 0-3)")
+    args.zero_stage = stage  # 1-3: sharded with FSDP2 over the data-parallel ranks (glm_port.sharding)
     if "scheduler" in config:
         parser.error(f"--deepspeed_config {path}: a DeepSpeed 'scheduler' is not supported "
                      "(glm-pretrain uses upstream's --lr-decay-* schedule)")

@@ -15,6 +15,11 @@ A save goes to a hidden temporary directory that is renamed into place, and the 
 replaced last (each written file flushed and fsynced, then its directory), so an interrupted save leaves the
 previous checkpoint as the latest one; what a killed save left behind is cleared by the next save or load.
 A latest checkpoint that cannot be read is reported with the newest intact one before it.
+
+A sharded run (``glm_port.sharding``: FSDP2) saves with torch.distributed.checkpoint instead
+(``save_sharded_checkpoint``): ``SAVE/20/`` holds every rank's shards (``.metadata``, ``__R_0.distcp``) and
+``training_state.pt``; the same tracker and atomic publication, and ``load_checkpoint`` reads it at any
+world size (``find_checkpoint`` names its ``training_state.pt``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -38,6 +44,7 @@ import shim.distributed as dist
 from glm_port.distributed import local_state_dict, tensor_parallel_size
 
 TRACKER = "latest_checkpointed_iteration.txt"
+SHARDED_STATE = "training_state.pt"  # beside a DCP checkpoint's shards (save_sharded_checkpoint)
 TRACKERS = (TRACKER, "latest")  # Megatron's / glm-pretrain's, DeepSpeed's
 RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 
@@ -115,6 +122,11 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
             f.flush()
             os.fsync(f.fileno())
     dist.barrier()
+    return _publish(save_dir, iteration, staging, final)
+
+
+def _publish(save_dir: Path, iteration: int, staging: Path, final: Path) -> Path:
+    """Rank 0 renames the written ``staging`` directory to ``final`` and points the tracker at it; collective."""
     if dist.get_rank() == 0:
         _fsync_dir(staging)
         previous = save_dir / f".old-{iteration}"
@@ -131,6 +143,105 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
         _fsync_dir(save_dir)
     dist.barrier()
     return final
+
+
+def _training_state(iteration: int, config, scheduler, grad_scaler, save_rng: bool) -> dict:
+    sd = {"iteration": iteration, "glm_config": config.to_dict(), "sharded": dist.get_world_size()}
+    if scheduler is not None:
+        sd["lr_scheduler"] = scheduler.state_dict()
+    if grad_scaler is not None and grad_scaler.is_enabled():
+        sd["grad_scaler"] = grad_scaler.state_dict()
+    if save_rng:
+        sd.update(_rng_states())
+    return sd
+
+
+def save_sharded_checkpoint(save_dir, iteration: int, model, *, config, optimizer=None, scheduler=None,
+                            grad_scaler=None, save_rng: bool = True) -> Path:
+    """A sharded run's checkpoint (``glm_port.sharding``): ``SAVE/<iteration>/`` holds the model's and the
+    optimizer's shards as torch.distributed.checkpoint (DCP) writes them (``.metadata``, ``*.distcp``; each
+    rank writes its own), so it loads at any world size, and ``training_state.pt`` (rank 0: iteration,
+    config, schedule, loss scale, RNG). Written and published as ``save_checkpoint`` does (staging directory
+    renamed into place, tracker last). Collective: every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    save_dir = Path(save_dir)
+    final, staging = save_dir / str(iteration), save_dir / f".tmp-{iteration}"
+    if dist.get_rank() == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        clear_interrupted_saves(save_dir)
+        staging.mkdir()
+    dist.barrier()
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, checkpoint_id=str(staging))
+    if dist.get_rank() == 0:
+        with open(staging / SHARDED_STATE, "wb") as f:
+            torch.save(_training_state(iteration, config, scheduler, grad_scaler, save_rng), f)
+            f.flush()
+            os.fsync(f.fileno())
+    dist.barrier()
+    return _publish(save_dir, iteration, staging, final)
+
+
+def is_sharded_checkpoint(directory) -> bool:
+    """Whether an iteration directory holds a DCP checkpoint (``save_sharded_checkpoint``)."""
+    return (Path(directory) / ".metadata").is_file() and (Path(directory) / SHARDED_STATE).is_file()
+
+
+def load_sharded_checkpoint(path, model, *, optimizer=None, scheduler=None, grad_scaler=None,
+                            load_optimizer: bool = True, load_rng: bool = True) -> int:
+    """Load a ``save_sharded_checkpoint`` directory (``path``: its ``training_state.pt``) into ``model``, sharded
+    with FSDP2 at any world size or a plain model in one process: DCP reshards on load. Returns the iteration."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    directory = Path(path).parent
+    sd = read_checkpoint(directory / SHARDED_STATE)
+    state = {"model": get_model_state_dict(model)}
+    with_optimizer = load_optimizer and optimizer is not None
+    if with_optimizer:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    try:
+        with warnings.catch_warnings():  # in one process DCP says it loads in one process: it is meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=str(directory))
+    except Exception as error:  # DCP's CheckpointException lists every rank's failure: the first line
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{directory}: the sharded checkpoint does not load into this model ({reason})") from None
+    set_model_state_dict(model, state["model"])
+    if with_optimizer:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        if scheduler is not None and "lr_scheduler" in sd:
+            scheduler.load_state_dict(sd["lr_scheduler"])
+        if grad_scaler is not None and "grad_scaler" in sd:
+            grad_scaler.load_state_dict(sd["grad_scaler"])
+    if load_rng and "torch_rng_state" in sd:
+        _set_rng_states(sd)
+    return int(sd.get("iteration", 0))
+
+
+def read_sharded_weights(directory) -> dict:
+    """The whole model's weights in a ``save_sharded_checkpoint`` directory, read in this process (every rank's
+    shards put together by DCP, no process group needed): what glm-merge and the GLM loaders take from it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(directory))
+    try:
+        metadata = reader.read_metadata()
+    except Exception as error:
+        raise CheckpointError(f"{directory}: not a readable sharded checkpoint ({error})") from None
+    weights = {key[len("model."):]: torch.empty(entry.size, dtype=entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items()
+               if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # DCP says it reads in one process: it is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
 
 
 def clear_interrupted_saves(save_dir: Path) -> None:
@@ -172,6 +283,8 @@ def find_checkpoint(load: str | os.PathLike, tp_rank: int = 0) -> Path:
             raise CheckpointError(f"--load {load}: {tracker} holds {tracked[:20]!r}, not an iteration"
                                   f"{_previous_good(load, None, tp_rank)}")
         directory = load / tracked
+    if is_sharded_checkpoint(directory):
+        return directory / SHARDED_STATE
     path = directory / model_file_name(tp_rank)
     if not path.is_file():
         hint = _previous_good(load, int(directory.name), tp_rank) if tracker.is_file() else ""
@@ -349,6 +462,9 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     if dist.get_rank() == 0 and load.is_dir() and (load / TRACKER).is_file():
         clear_interrupted_saves(load)  # resuming where a killed save left debris
     path = find_checkpoint(load, tp_rank)
+    if path.name == SHARDED_STATE:
+        return load_sharded_checkpoint(path, model, optimizer=optimizer, scheduler=scheduler,
+                                       grad_scaler=grad_scaler, load_optimizer=load_optimizer, load_rng=load_rng)
     try:
         sd = read_checkpoint(path)
     except CheckpointError as error:

@@ -51,20 +51,32 @@ class ParallelEnv:
     """The ranks of one run: device, data-parallel and tensor-parallel groups."""
 
     def __init__(self, device, tp_size=1, tp_rank=0, tp_group=None, dp_size=1, dp_rank=0, dp_group=None,
-                 owns_process_group=False):
+                 owns_process_group=False, sharding=None):
         self.device = device
         self.tp_size, self.tp_rank, self.tp_group = tp_size, tp_rank, tp_group
         self.dp_size, self.dp_rank, self.dp_group = dp_size, dp_rank, dp_group
         self._owns_process_group = owns_process_group
+        # glm_port.sharding.Sharding: FSDP2 over the data-parallel ranks (None: plain DDP / one process)
+        self.sharding = sharding
 
     @classmethod
-    def from_environment(cls, tensor_parallel_size: int = 1, backend: str | None = None, device: str | None = None):
+    def from_environment(cls, tensor_parallel_size: int = 1, backend: str | None = None, device: str | None = None,
+                         sharding_stage: int = 0, sharding_degree: int | None = None):
+        """``sharding_stage`` 1-3 (0: off) shards parameters, gradients and optimizer state over
+        ``sharding_degree`` data-parallel ranks (None: all of them) with FSDP2 (``glm_port.sharding``)."""
+        from glm_port.sharding import Sharding, fsdp_mesh, resolve_degree
+
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size % tensor_parallel_size:
             raise ValueError(
                 f"--model-parallel-size {tensor_parallel_size} does not divide the {world_size} processes "
                 f"(launch with torchrun --nproc_per_node N, N a multiple of it)"
             )
+        if sharding_stage and tensor_parallel_size > 1:
+            raise ValueError(f"sharded data parallel (ZeRO stage {sharding_stage}) with tensor parallel "
+                             f"{tensor_parallel_size} is not supported: shard over data parallel alone, or split "
+                             "the model with tensor parallel alone")
+        degree = resolve_degree(sharding_stage, sharding_degree, world_size, tensor_parallel_size)
         device = torch.device(device) if device else torch.device()
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -74,13 +86,14 @@ class ParallelEnv:
         if started:
             dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
         layout = dist.setup_layout(tensor_parallel_size=tensor_parallel_size)
+        sharding = Sharding(sharding_stage, degree, fsdp_mesh(layout, degree)) if sharding_stage else None
         return cls(
             device,
             tp_size=tensor_parallel_size, tp_rank=layout.tensor_parallel_rank,
             tp_group=layout.tensor_parallel_mesh.get_group(),
             dp_size=layout.data_parallel_size, dp_rank=layout.data_parallel_rank,
             dp_group=layout.data_parallel_mesh.get_group(),
-            owns_process_group=started,
+            owns_process_group=started, sharding=sharding,
         )
 
     @property
@@ -97,9 +110,18 @@ class ParallelEnv:
         # all-reduce is done here, once per step, on each rank's shards.
         return self.dp_size > 1 and self.tp_size > 1
 
-    def wrap_data_parallel(self, model):
-        if self.dp_size == 1 or self._syncs_gradients_itself:
+    def shard(self, model, compute_dtype=None):
+        """Under sharding: ``fully_shard`` the model in place (before its optimizer is built: the parameters
+        become DTensor shards); ``compute_dtype`` bf16 computes in bf16 on fp32 masters. Else the model."""
+        if self.sharding is None:
             return model
+        from glm_port.sharding import shard_model
+
+        return shard_model(model, self.sharding, compute_dtype)
+
+    def wrap_data_parallel(self, model):
+        if self.dp_size == 1 or self._syncs_gradients_itself or self.sharding is not None:
+            return model  # FSDP2 reduce-scatters the gradients itself
         return dist.DistributedDataParallel(model, process_group=self.dp_group)
 
     def sync_gradients(self, parameters) -> None:
@@ -112,6 +134,10 @@ class ParallelEnv:
     def clip_grad_norm(self, parameters, max_norm: float):
         """Clip by the norm of the whole model's gradient, shards counted once."""
         parameters = [p for p in parameters if p.grad is not None]
+        if self.sharding is not None:
+            from glm_port.sharding import clip_grad_norm
+
+            return clip_grad_norm(parameters, max_norm)
         if self.tp_size == 1:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
         from shim import mpu  # Megatron's clip: shards summed over the tensor-parallel group

@@ -29,7 +29,8 @@ from tqdm import tqdm
 import shim as torch
 from glm_port import data
 from glm_port.arguments import parse_args
-from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint, saved_config
+from glm_port.checkpoint_io import (CheckpointError, find_checkpoint, is_sharded_checkpoint, load_checkpoint,
+                                   save_checkpoint, save_sharded_checkpoint, saved_config)
 from glm_port.outputs import check_apart, check_directory_output
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.data.batches import DataOptions, build_batches, corpus_splits
@@ -207,7 +208,8 @@ def setup(args) -> Run:
     """Everything before the first step; bad input fails here, before anything is written."""
     if args.local_rank is not None:  # older launchers pass --local_rank instead of setting LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    env = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device)
+    env = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device,
+                                       sharding_stage=args.zero_stage)
     if args.train_batch_size is not None:
         expected = args.batch_size * args.gradient_accumulation_steps * env.dp_size
         if args.train_batch_size != expected:
@@ -216,8 +218,11 @@ def setup(args) -> Run:
                 f" x accumulation {args.gradient_accumulation_steps} x data-parallel {env.dp_size}"
             )
     notes = []
-    if args.zero_stage:
-        notes.append(f" > ZeRO stage {args.zero_stage}: optimizer state is not sharded (same math, more memory)")
+    if args.zero_stage and env.sharding is not None:
+        notes.append(f" > ZeRO stage {args.zero_stage}: parameters, gradients and optimizer state sharded over the "
+                     f"{env.sharding.degree} data-parallel ranks (FSDP2; checkpoints as torch.distributed.checkpoint)")
+    elif args.zero_stage:
+        notes.append(f" > ZeRO stage {args.zero_stage}: one data-parallel rank, nothing to shard")
     name, args.save = experiment_save_dir(args)
     check_outputs(args)
     set_random_seed(args.seed, env)
@@ -232,6 +237,11 @@ def setup(args) -> Run:
         notes.append(f" > torch.compile (mode {mode}): each of the {len(model.transformer.layers)} layers is compiled "
                      "during the first iteration" + (" (the CUDA default; --no-compile runs eager)"
                                                      if env.device.type == "cuda" else ""))
+    loaded_plain = None
+    if env.sharding is not None and args.load is not None and not is_sharded_checkpoint(
+            find_checkpoint(args.load).parent):  # an unsharded checkpoint: its weights in before sharding
+        loaded_plain = load_checkpoint(args.load, model, load_rng=not args.no_load_rng)
+    model = env.shard(model, torch.bfloat16 if args.bf16 else None)  # ZeRO: FSDP2 units, before the optimizer
     decay_iters = args.lr_decay_iters or args.train_iters
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(
         lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
@@ -242,7 +252,11 @@ def setup(args) -> Run:
     precision = Precision(env.device, dtype, args.loss_scale, window=args.loss_scale_window,
                           hysteresis=args.hysteresis, min_scale=args.min_scale, init_scale=args.initial_loss_scale)
     iteration = 0
-    if args.load is not None:
+    if loaded_plain is not None:
+        iteration = loaded_plain
+        notes.append(f" > --load {args.load} is unsharded: its weights and iteration are loaded, its optimizer "
+                     "state is not (a sharded run starts it afresh)")
+    elif args.load is not None:
         iteration = load_checkpoint(
             args.load, model, tp_rank=env.tp_rank, optimizer=optimizer,
             scheduler=None if args.no_load_lr_scheduler else scheduler,
@@ -300,7 +314,8 @@ def train(args, run: Run) -> None:
     if env.is_main:
         for note in run.notes:
             print(note, flush=True)
-        parameters = sum(p.numel() for p in local_state_dict(run.model).values())
+        weights = run.model.state_dict() if env.sharding is not None else local_state_dict(run.model)
+        parameters = sum(p.numel() for p in weights.values())  # a DTensor shard counts its whole tensor
         print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
 
     def summarize(iteration: int, scalars: dict) -> None:
@@ -331,12 +346,18 @@ def train(args, run: Run) -> None:
 
 def save(args, run: Run) -> None:
     keep_optim = not args.no_save_optim
-    path = save_checkpoint(
-        args.save, run.iteration, local_state_dict(run.model), config=run.config,
-        optimizer=run.optimizer if keep_optim else None, scheduler=run.scheduler if keep_optim else None,
-        grad_scaler=run.precision.scaler if keep_optim else None, save_rng=not args.no_save_rng,
-        tp_rank=run.env.tp_rank, writer=run.env.dp_rank == 0,
-    )
+    if run.env.sharding is not None:  # each rank its shards (DCP), loadable at another world size
+        path = save_sharded_checkpoint(
+            args.save, run.iteration, run.model, config=run.config, optimizer=run.optimizer if keep_optim else None,
+            scheduler=run.scheduler if keep_optim else None, grad_scaler=run.precision.scaler if keep_optim else None,
+            save_rng=not args.no_save_rng)
+    else:
+        path = save_checkpoint(
+            args.save, run.iteration, local_state_dict(run.model), config=run.config,
+            optimizer=run.optimizer if keep_optim else None, scheduler=run.scheduler if keep_optim else None,
+            grad_scaler=run.precision.scaler if keep_optim else None, save_rng=not args.no_save_rng,
+            tp_rank=run.env.tp_rank, writer=run.env.dp_rank == 0,
+        )
     if run.env.is_main:
         record_tokenizer(args, run.tokenizer, args.save)
         print(f" saved checkpoint at iteration {run.iteration:7d} to {path}", flush=True)

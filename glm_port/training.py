@@ -23,6 +23,7 @@ import shim.distributed as dist
 import shim.nn.functional as F
 from glm_port.data._renamed import renamed
 from glm_port.distributed import ParallelEnv
+from glm_port.sharding import as_root_forward
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 
@@ -79,8 +80,12 @@ def build_optimizer(model, settings: OptimizerSettings):
     groups = weight_decay_param_groups(model, settings.weight_decay)
     groups = [g for g in groups if g["params"]]
     # The fused kernel needs every parameter on one device type with a floating dtype; plain
-    # tensors qualify (CPU and CUDA), DTensor shards go the foreach way.
-    fused = all(type(p) is torch.nn.Parameter for g in groups for p in g["params"])
+    # tensors qualify (CPU and CUDA), and so do DTensors all on one mesh (FSDP2's shards, glm_port.sharding:
+    # the fused op runs on each local shard); a mix (tensor parallel's DTensors beside plain
+    # tensors) goes the foreach way.
+    params = [p for g in groups for p in g["params"]]
+    meshes = {getattr(p, "device_mesh", None) for p in params}
+    fused = all(type(p) is torch.nn.Parameter for p in params) or (None not in meshes and len(meshes) == 1)
     optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps, fused=fused or None)
     warmup_iters = settings.warmup * settings.decay_iters
     schedule = annealing_lr(warmup_iters, settings.decay_iters, settings.decay_style, settings.decay_ratio)
@@ -182,6 +187,7 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
     ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
     env = env or ParallelEnv(precision.device)
+    logits_fn = as_root_forward(model, logits_fn)  # sharded (FSDP2): the logits as a forward of the root
     # A new step for layers compiled as CUDA graphs (mode reduce-overhead): last step's graph outputs may be
     # reused. Nothing else notices it.
     torch.compiler.cudagraph_mark_step_begin()
@@ -190,6 +196,8 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     for i, batch in enumerate(microbatches):
         # Only the last micro-batch all-reduces gradients under DDP.
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last one only
+            model.set_requires_gradient_sync(i == len(microbatches) - 1)
         with contextlib.nullcontext() if sync else model.no_sync():
             with precision.autocast():
                 loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing,

@@ -56,7 +56,7 @@ LAYERS = {
         ("shim.__init__",),  # `import shim as torch`: reaches everything, lazily
     ],
     "glm_port": [
-        ("glm_port.data", "glm_port.distributed", "glm_port.outputs", "glm_port.dtypes"),  # vocabularies, corpora; ranks; output paths; dtype names
+        ("glm_port.data", "glm_port.distributed", "glm_port.sharding", "glm_port.outputs", "glm_port.dtypes"),  # vocabularies, corpora; ranks, FSDP2; output paths; dtype names
         ("glm_port.training", "glm_port.checkpoint_io"),  # shared by every family: the loop, saving
         ("glm_port.models",),  # the families (each folder: config, model, weights, tokenizer, bindings)
         # the commands and what they share, on top of any family

@@ -9,8 +9,6 @@ from glm_port.finetune.datasets import LAYOUTS
 
 # PaddleNLP / Hugging Face TrainingArguments flags this command does not implement: refused by name.
 REFUSED = {
-    "--sharding": "sharded data parallel is not implemented; use --tensor_parallel_degree or torchrun data parallel",
-    "--sharding_parallel_degree": "sharded data parallel is not implemented",
     "--pipeline_parallel_degree": "pipeline parallel finetuning is not implemented (glm-generate does pipeline inference)",
     "--prefix_tuning": "PaddleNLP's prefix tuning is not implemented; THUDM's P-Tuning v2 is --pre_seq_len N "
                        "(ChatGLM2 family), or use --lora",
@@ -120,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
          help="accepted: autocast is O1; O2 (half master weights) is not used, weights stay fp32")
     switch("--recompute", "activation checkpointing of every layer (less memory, more time)")
     flag("--tensor_parallel_degree", type=int, default=1, help="split the model over this many processes (torchrun)")
+    flag("--sharding", default="", metavar="STAGE",
+         help="shard parameters, gradients and optimizer state over the data-parallel ranks with torch's FSDP2: "
+         "stage1, stage2 (layers' parameters kept gathered from forward to backward) or stage3 (gathered again "
+         "for the backward); full finetunes, tensor parallel 1; default: off (plain data parallel)")
+    flag("--sharding_degree", "--sharding_parallel_degree", type=int, default=-1,
+         help="ranks each parameter is split over (-1: every data-parallel rank); fewer: hybrid sharding, "
+         "replicas of that many shards")
     flag("--merge_tensor_parallel_path", default=None,
          help="after training at --tensor_parallel_degree > 1, merge the saved shards into one directory "
          "there (as glm-merge does: GLM's layout, or THUDM's for ChatGLM2); full finetunes only (a LoRA adapter "
@@ -177,6 +182,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.pre_seq_len is not None and args.pre_seq_len < 1:
         parser.error(f"--pre_seq_len must be at least 1, got {args.pre_seq_len}")
+    from glm_port.sharding import parse_stage
+
+    try:
+        args.sharding_stage = parse_stage(args.sharding)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.sharding_degree == 0 or args.sharding_degree < -1:
+        parser.error(f"--sharding_degree must be -1 or at least 1, got {args.sharding_degree}")
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
     args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]

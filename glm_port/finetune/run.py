@@ -27,7 +27,7 @@ import numpy as np
 
 import shim as torch
 from glm_port.checkpoint_io import (CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint,
-                                   write_base_record)
+                                   save_sharded_checkpoint, write_base_record)
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.finetune import metrics
 from glm_port.finetune.arguments import parse_args
@@ -127,6 +127,20 @@ def _check_features(args) -> None:
     if conversation and family.chat is None:  # the prompt is the one the family's chat builds: it needs one
         raise FinetuneError(f"{conversation}: the {family.name} family has no chat format (conversations are "
                             f"ChatGLM2's and ChatGLM3's)")
+    if args.sharding_stage and (args.lora or args.lora_path):
+        raise FinetuneError(f"--sharding {args.sharding} with LoRA is not supported: the adapters are small, train "
+                            "them with plain data parallel (drop --sharding)")
+    if args.sharding_stage and (args.pre_seq_len is not None or args.ptuning_checkpoint is not None):
+        raise FinetuneError(f"--sharding {args.sharding} with P-Tuning is not supported: only the prefix trains, "
+                            "train it with plain data parallel (drop --sharding)")
+    if args.sharding_stage and args.tensor_parallel_degree > 1:
+        raise FinetuneError(f"--sharding {args.sharding} with --tensor_parallel_degree > 1 is not supported: shard "
+                            "over data parallel alone, or split the model with tensor parallel alone")
+    if args.sharding_stage:  # before anything is written (the embedded task's files included)
+        from glm_port.sharding import resolve_degree
+
+        resolve_degree(args.sharding_stage, args.sharding_degree, int(os.environ.get("WORLD_SIZE", "1")),
+                       args.tensor_parallel_degree)
     family.require(
         (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
          "tensor_parallel"),
@@ -242,9 +256,12 @@ def generate_targets(session: Session, args, samples: list) -> list[str]:
     if args.select_topk:
         search.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
     session.model.eval()
-    return session.binding.generate(session.base if not hasattr(session.model, "peft_config") else session.model,
-                                    session.tokenizer, samples, search, args.per_device_eval_batch_size,
-                                    session.env.device)
+    from glm_port.sharding import root_gathered
+
+    with root_gathered(session.model):  # sharded: generation reaches the model's parts one by one
+        return session.binding.generate(session.base if not hasattr(session.model, "peft_config") else session.model,
+                                        session.tokenizer, samples, search, args.per_device_eval_batch_size,
+                                        session.env.device)
 
 
 def evaluate(session: Session, args, pairs: list[Pair], samples: list) -> tuple[dict, list[str]]:
@@ -336,7 +353,8 @@ def _check_outputs(args, toy: bool) -> None:
 
 
 def setup(args) -> Session:
-    env = ParallelEnv.from_environment(args.tensor_parallel_degree, device=args.device)
+    env = ParallelEnv.from_environment(args.tensor_parallel_degree, device=args.device,
+                                       sharding_stage=args.sharding_stage, sharding_degree=args.sharding_degree)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -364,6 +382,14 @@ def setup(args) -> Session:
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full or ptuning else apply_lora(args, base)
+    if env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
+        model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)
+        if env.is_main:
+            mode = f"hybrid, {env.dp_size // env.sharding.degree} replicas of " if env.sharding.hybrid else ""
+            print(f" > --sharding stage{env.sharding.stage}: FSDP2 over {mode}{env.sharding.degree} ranks",
+                  flush=True)
+    elif args.sharding_stage and env.is_main:
+        print(f" > --sharding {args.sharding}: one process, nothing to shard (launch with torchrun)", flush=True)
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home, save_dtype, ptuning)
@@ -464,9 +490,13 @@ def train(args, session: Session, train_samples, eval_data) -> int:
     best = {"rouge-l": -1.0}
 
     def save(step: int) -> None:
-        save_checkpoint(checkpoints, step, local_state_dict(model), config=session.config, optimizer=optimizer,
-                        scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
-                        writer=env.dp_rank == 0)
+        if env.sharding is not None:  # each rank its shards (DCP): resumable at another world size
+            save_sharded_checkpoint(checkpoints, step, model, config=session.config, optimizer=optimizer,
+                                    scheduler=scheduler, grad_scaler=precision.scaler)
+        else:
+            save_checkpoint(checkpoints, step, local_state_dict(model), config=session.config, optimizer=optimizer,
+                            scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
+                            writer=env.dp_rank == 0)
         if env.is_main and not (checkpoints / "tokenizer_config.json").is_file():  # so glm-merge / the loaders
             session.binding.save_tokenizer(session.tokenizer, checkpoints, session.tokenizer_source)  # read them alone
 
@@ -533,6 +563,17 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
             follow_umask(directory)  # safetensors writes its files 0600: the umask's modes, as every other file
             if keep_base and env.tp_size == 1:
                 follow_umask(base_dir)
+        return
+    if env.sharding is not None:  # every rank gathers; rank 0 writes the whole model as one process does
+        from glm_port.sharding import full_state_dict, unsharded_twin
+
+        state = full_state_dict(model)
+        if env.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            with stored_as(unsharded_twin(model, state), session.save_dtype) as whole:
+                binding.save(whole, session.tokenizer, directory, session.tokenizer_source)
+            follow_umask(directory)
+        torch.distributed.barrier()
         return
     if env.tp_size > 1:
         with stored_as(model, session.save_dtype):  # the checkpoint's dtype, as one process saves it

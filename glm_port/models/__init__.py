@@ -185,11 +185,14 @@ def family_at(path) -> Family:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{config}: not valid JSON ({error.msg})") from None
             return family_for(model_type) if model_type else FAMILIES["glm"]
-    from glm_port.checkpoint_io import model_file_name, saved_config, shard_directory
+    from glm_port.checkpoint_io import SHARDED_STATE, is_sharded_checkpoint, model_file_name, saved_config, shard_directory
 
     shards = shard_directory(path)
-    if shards is not None and (shards / model_file_name(0)).is_file():
-        model_type = (saved_config(shards / model_file_name(0)) or {}).get("model_type")
-        if model_type:
-            return family_for(model_type)
+    if shards is None and path.is_dir() and is_sharded_checkpoint(path):
+        shards = path
+    for recorded in ((shards / model_file_name(0)), (shards / SHARDED_STATE)) if shards is not None else ():
+        if recorded.is_file():  # a tensor-parallel rank's file, or a sharded (DCP) run's training state
+            model_type = (saved_config(recorded) or {}).get("model_type")
+            if model_type:
+                return family_for(model_type)
     return FAMILIES["glm"]

@@ -163,7 +163,7 @@ def _rank_main(rank, port, out_dir, runs, world=2):
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
-                main([*argv, "--tensor_parallel_degree", str(world)])
+                main([*argv, *([] if "--tensor_parallel_degree" in argv else ["--tensor_parallel_degree", str(world)])])
         except BaseException:
             out.write("FAILED\n" + traceback.format_exc())
         Path(out_dir, f"rank{rank}_{index}.txt").write_text(out.getvalue())
@@ -213,6 +213,78 @@ def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsy
     with torch.no_grad():
         torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_model(tmp_path, capsys):
+    """--sharding stage3 on 2 ranks (FSDP2, each at batch 16) == one process at batch 32: the same losses and
+    evaluation scores (beam search through the sharded model), the final model saved whole (as one process
+    saves it), and the step-2 checkpoint as DCP shards; ChatGLM2 at stage 2 likewise (losses, saved model)."""
+    argv = [*TP_ARGV, "--do_eval", "true", "--max_steps", "4", "--save_steps", "2", "--num_beams", "2",
+            "--per_device_eval_batch_size", "48"]
+    # ChatGLM2 too (its logits call model.transformer, then the output layer's weight: run as the root's forward)
+    chatglm2 = ["--model_name_or_path", "chatglm2-tiny", *TP_ARGV, "--max_steps", "3"]
+    log, chatglm2_log = _run_two_ranks(
+        tmp_path, [*argv, "--tensor_parallel_degree", "1", "--sharding", "stage3", "--per_device_train_batch_size",
+                   "16", "--output_dir", str(tmp_path / "fsdp")],
+        [*chatglm2, "--tensor_parallel_degree", "1", "--sharding", "stage2", "--per_device_train_batch_size", "16",
+         "--output_dir", str(tmp_path / "chatglm2_fsdp")])
+    single = _losses(_run([*chatglm2, "--per_device_train_batch_size", "32", "--output_dir",
+                           str(tmp_path / "chatglm2_one")], capsys))
+    assert sorted(_losses(chatglm2_log)) == sorted(single) == [1, 2, 3]
+    for step, loss in single.items():
+        assert _losses(chatglm2_log)[step] == pytest.approx(loss, rel=1e-4), step
+    from glm_port.models.chatglm2.weights import load_pretrained
+
+    ids = torch.tensor([[5, 17, 42, 99, 7, 300, 11, 64]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_pretrained(tmp_path / "chatglm2_fsdp" / "final")(ids).logits,
+                                   load_pretrained(tmp_path / "chatglm2_one" / "final")(ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+    assert " > --sharding stage3: FSDP2 over 2 ranks" in log
+    single_log = _run([*argv, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")], capsys)
+    parallel, single = _losses(log), _losses(single_log)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    assert [m.groups() for m in EVAL.finditer(log)] == [m.groups() for m in EVAL.finditer(single_log)]
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "training_state.pt"} <= {
+        p.name for p in (tmp_path / "fsdp" / "checkpoints" / "2").iterdir()}
+    from glm_port import GLMForConditionalGeneration
+
+    sharded = GLMForConditionalGeneration.from_pretrained(tmp_path / "fsdp" / "final").glm.eval()
+    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sharded(ids, positions, torch.tensor([4, 4]))[0],
+                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sharding_in_one_process_says_there_is_nothing_to_shard(tmp_path, capsys):
+    out = _run(["--sharding", "stage2", "--max_steps", "1", "--logging_steps", "1", "--do_eval", "false",
+                "--output_dir", str(tmp_path)],
+               capsys)
+    assert " > --sharding stage2: one process, nothing to shard (launch with torchrun)" in out
+    assert _losses(out).keys() == {1} and (tmp_path / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--sharding", "stage2", "--sharding_degree", "3"], "4", "--sharding_degree 3 does not divide the 4 data-parallel"),
+    (["--sharding", "stage3", "--lora"], "2", "--sharding stage3 with LoRA is not supported"),
+    (["--sharding", "stage2", "--model_name_or_path", "chatglm2-tiny", "--pre_seq_len", "4"], "2",
+     "--sharding stage2 with P-Tuning is not supported"),
+    (["--sharding", "stage3", "--tensor_parallel_degree", "2"], "4",
+     "--sharding stage3 with --tensor_parallel_degree > 1 is not supported"),
+    (["--sharding", "stage4"], "2", "--sharding 'stage4': choose stage1, stage2 or stage3"),
+])
+def test_bad_sharding_is_one_line_exit_2_and_nothing_written(argv, world, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", world)  # as torchrun sets it; refused before any process group starts
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output_dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and len([line for line in err if "error" in line]) == 1, err
+    assert not (tmp_path / "out").exists() and not dist.is_initialized()
 
 
 def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole_adapter(tmp_path, capsys):

@@ -34,6 +34,14 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "tensor_parallel_selective_checkpointing": (
         2, ["--batch-size", "4", "--model-parallel-size", "2", "--checkpoint-policy", "selective"],
         ["--batch-size", "4"]),
+    # ZeRO stage 3 from a DeepSpeed config: FSDP2 over the 2 data-parallel ranks (glm_port.sharding)
+    "zero3_data_parallel": (2, ["--batch-size", "2", "--deepspeed_config", "{out_dir}/zero3.json"],
+                            ["--batch-size", "4"]),
+    # ... resuming an unsharded checkpoint (iteration 2 of one process): its weights and iteration, a fresh
+    # optimizer, as one process with --no-load-optim
+    "zero3_from_an_unsharded_checkpoint": (
+        2, ["--batch-size", "2", "--deepspeed_config", "{out_dir}/zero3.json", "--load", "{out_dir}/unsharded"],
+        ["--batch-size", "4", "--load", "{out_dir}/unsharded", "--no-load-optim"]),
 }
 SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
 TIMEOUT_S = 240
@@ -61,7 +69,7 @@ def _rank_main(rank, world_size, port, out_dir):
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
-                main([*COMMON, *argv])
+                main([*COMMON, *(a.format(out_dir=out_dir) for a in argv)])
         except BaseException:
             out.write("FAILED\n" + traceback.format_exc())
         Path(out_dir, f"{name}.{rank}.txt").write_text(out.getvalue())
@@ -89,36 +97,44 @@ def _launch(world_size: int, out_dir: str) -> None:
 def rank_logs():
     """Logs of every run, by ``name.rank.txt``, and the two shards the 2-rank tensor-parallel run saved."""
     with tempfile.TemporaryDirectory() as out_dir:
+        Path(out_dir, "zero3.json").write_text('{"zero_optimization": {"stage": 3}}')
+        with contextlib.redirect_stdout(io.StringIO()):
+            main([*COMMON, "--batch-size", "4", "--train-iters", "2", "--eval-iters", "0", "--save",
+                  str(Path(out_dir, "unsharded"))])
         for world_size in sorted({world for world, _, _ in RUNS.values()}):
             _launch(world_size, out_dir)
         logs = {p.name: p.read_text() for p in Path(out_dir).glob("*.txt")}
         checkpoint = Path(out_dir, "tp_checkpoint", "2")
         shards = [torch.load(checkpoint / f"mp_rank_{r:02d}_model_states.pt", weights_only=True)["module"]
                   for r in (0, 1)]
-        yield logs, shards
+        yield logs, shards, out_dir
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
-    logs, _ = rank_logs
+    logs, _, out_dir = rank_logs
     world_size, _, single_argv = RUNS[name]
     for rank in range(world_size):
         assert "FAILED" not in logs[f"{name}.{rank}.txt"], logs[f"{name}.{rank}.txt"]
         if rank:
             assert logged_losses(logs[f"{name}.{rank}.txt"]) == {}  # only rank 0 logs
     parallel = logged_losses(logs[f"{name}.0.txt"])
+    if name.startswith("zero3"):
+        assert "ZeRO stage 3: parameters, gradients and optimizer state sharded over the 2" in logs[f"{name}.0.txt"]
+    if name == "zero3_from_an_unsharded_checkpoint":
+        assert "is unsharded: its weights and iteration are loaded, its optimizer state is not" in logs[f"{name}.0.txt"]
 
-    main([*COMMON, *single_argv])
+    main([*COMMON, *(a.format(out_dir=out_dir) for a in single_argv)])
     out = capsys.readouterr().out
     single = logged_losses(out)
-    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    assert sorted(parallel) == sorted(single) == ([3, 4] if "--load" in single_argv else [1, 2, 3, 4])
     for iteration, loss in single.items():
         assert parallel[iteration] == pytest.approx(loss, rel=1e-4), iteration
-    assert single[4] != single[1]  # it trained
+    assert single[4] != single[min(single)]  # it trained
     # Validation (every 2 iterations, at the end) and test: the same numbers as one process.
     parallel_eval, single_eval = validation_losses(logs[f"{name}.0.txt"]), validation_losses(out)
-    assert list(single_eval) == ["iteration 2", "iteration 4", "the end of training for val data",
-                                 "the end of training for test data"]
+    assert list(single_eval) == ["iteration 2"] * ("--load" not in single_argv) + [
+        "iteration 4", "the end of training for val data", "the end of training for test data"]
     assert parallel_eval == pytest.approx(single_eval, rel=1e-4)
     for rank in range(1, world_size):
         assert validation_losses(logs[f"{name}.{rank}.txt"]) == {}
@@ -127,7 +143,7 @@ def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
 def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(rank_logs, tmp_path, capsys):
     """mp_rank_00/01 hold Megatron's shards: QKV per third, h->4h and embeddings by rows, dense and
     4h->h by columns; they reassemble into the one-process weights after the same two steps."""
-    _, shards = rank_logs
+    _, shards, _ = rank_logs
     main([*COMMON, "--batch-size", "4", "--train-iters", "2", "--save", str(tmp_path)])
     capsys.readouterr()
     single = torch.load(tmp_path / "2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]

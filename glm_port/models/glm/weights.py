@@ -119,7 +119,9 @@ def find_source(path) -> WeightSource:
         if (path / tracker).is_file():
             step = (path / tracker).read_text().strip()
             return _megatron_source(path / step, path)
-    if any(MP_RANK.search(p.name) for p in path.iterdir()):
+    from glm_port.checkpoint_io import is_sharded_checkpoint
+
+    if any(MP_RANK.search(p.name) for p in path.iterdir()) or is_sharded_checkpoint(path):
         return _megatron_source(path, path)
     raise WeightsError(f"{path} holds no GLM weights (looked for {', '.join(HF_WEIGHT_FILES)}, "
                        f"mp_rank_XX_model_states.pt, or a checkpoint tracker)")
@@ -150,8 +152,11 @@ def _sharded_source(directory: Path, index: Path, config: dict) -> WeightSource:
 def _megatron_source(directory: Path, root: Path) -> WeightSource:
     if not directory.is_dir():
         raise WeightsError(f"{root}: its tracker points at {directory}, which does not exist")
-    from glm_port.checkpoint_io import CheckpointError, rank_files
+    from glm_port.checkpoint_io import CheckpointError, is_sharded_checkpoint, rank_files
 
+    if is_sharded_checkpoint(directory):  # DCP (a sharded run's): one source, read whole by _Reader
+        config = root / "config.json" if (root / "config.json").is_file() else directory / "config.json"
+        return WeightSource("megatron", root, [directory], config=_read_json(config))
     try:  # every rank's file, or the first missing one named
         files = rank_files(directory)
     except CheckpointError as error:
@@ -221,7 +226,16 @@ class _Reader:
 
     def __init__(self, path: Path):
         self.path = path
-        if path.suffix == ".safetensors":
+        if path.is_dir():  # a sharded run's DCP checkpoint (checkpoint_io.save_sharded_checkpoint): read whole
+            from glm_port.checkpoint_io import CheckpointError, read_sharded_weights
+
+            self._handle = None
+            try:
+                self._tensors = {_strip(k): v for k, v in read_sharded_weights(path).items()}
+            except CheckpointError as error:
+                raise WeightsError(str(error)) from None
+            self._names = {k: k for k in self._tensors}
+        elif path.suffix == ".safetensors":
             from glm_port.checkpoint_io import open_safetensors  # a truncated file: one line naming it
 
             self._handle = open_safetensors(path, WeightsError)
@@ -246,6 +260,10 @@ class _Reader:
         return list(self._tensors[name].shape)
 
     def config(self) -> dict | None:
+        if self.path.is_dir():
+            from glm_port.checkpoint_io import SHARDED_STATE, saved_config
+
+            return saved_config(self.path / SHARDED_STATE)
         if self._handle is not None:
             metadata = self._handle.metadata() or {}
             return json.loads(metadata["glm_config"]) if "glm_config" in metadata else None

@@ -1,0 +1,169 @@
+"""Per-rank memory of a full finetune step, one process against N ranks sharded with FSDP2 (``--sharding``).
+
+    python -m bench.sharding_memory                          # 4096 wide (GLM-10B / ChatGLM-6B), 2 layers: 1 vs 2 ranks
+    python -m bench.sharding_memory --ranks 1 2 4 --stage 2
+    python -m bench.sharding_memory --hidden 256 --heads 4 --vocab 1024 --ranks 1 2   # smoke run
+
+Each world size runs in fresh forked processes on gloo (CPU), through the pieces glm-finetune runs: a
+``GLMModel``, ``ParallelEnv.from_environment(sharding_stage=...)`` and ``env.shard`` (FSDP2 per layer + the
+root, ``glm_port.sharding``), the shared ``build_optimizer`` (AdamW) and ``train_step`` (clipping included),
+``--steps`` steps at ``--batch`` samples of ``--seq`` tokens per rank, the loss on the last half.
+
+Per rank it reports, after the steps:
+
+- the bytes of the tensors a rank holds for the model's state: parameters, gradients and AdamW's two
+  moments (DTensor local shards; ``exp_avg`` + ``exp_avg_sq``), counted exactly;
+- the process's peak resident set (``VmHWM``) and its rise over the interpreter with torch imported.
+
+The sharded ranks build the model on the meta device and materialise only their shards (``to_empty``), as
+FSDP2 intends for models larger than a rank; the one-process run builds it in memory. glm-finetune itself
+loads the whole model on each rank before sharding it (the loaders read whole checkpoints), so its peak
+during loading holds one fp32 copy more than this bench's sharded ranks.
+
+The summary line: optimizer + gradient bytes per rank against 1/N of the one-process run's (goal: within
+1.2x), and the peak RSS rise per rank likewise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint  # noqa: F401  (imported before the baseline RSS is read)
+import torch.distributed.device_mesh  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401
+import torch.distributed.tensor  # noqa: F401
+import torch.multiprocessing as mp
+
+from bench._measure import MIB, current_rss_bytes, peak_rss_bytes, print_cpu_line
+from harness import free_port
+
+
+def _config(args):
+    from glm_port.models.glm import GLMConfig
+
+    return GLMConfig(vocab_size=args.vocab, num_layers=args.layers, hidden_size=args.hidden,
+                     num_attention_heads=args.heads, intermediate_size=args.ffn or 4 * args.hidden,
+                     max_sequence_length=args.seq, embedding_dropout_prob=0.0, attention_dropout_prob=0.0,
+                     output_dropout_prob=0.0)
+
+
+def _batch(args, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    sep = torch.full((args.batch,), args.seq // 2)
+    position = torch.arange(args.seq).expand(args.batch, args.seq)
+    return {"text": text, "position_id": torch.stack([position.minimum(sep[:, None]),
+                                                      (position - sep[:, None] + 1).clamp(min=0)], 1),
+            "attention_mask": sep, "target": torch.roll(text, -1, 1),
+            "loss_mask": (position >= sep[:, None]).long()}
+
+
+def _local_bytes(tensors) -> int:
+    from torch.distributed.tensor import DTensor
+
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors if t is not None)
+
+
+def _rank(rank: int, world: int, port: int, args, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(args.threads)
+    from glm_port.distributed import ParallelEnv
+    from glm_port.models.glm import GLMModel
+    from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
+
+    import_rss = current_rss_bytes()
+    env = ParallelEnv.from_environment(sharding_stage=args.stage if world > 1 else 0)
+    config = _config(args)
+    if env.sharding is not None:  # meta, sharded, then only this rank's shards materialised
+        with torch.device("meta"):
+            model = GLMModel(config)
+        model = env.shard(model)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for param in model.parameters():
+                param.to_local().normal_(0.0, 0.02)
+    else:
+        model = GLMModel(config)
+    optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-5, decay_iters=args.steps))
+    precision = Precision(torch.device("cpu"))
+    times = []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        loss = train_step(env.wrap_data_parallel(model), [_batch(args, step * world + rank)], optimizer, scheduler,
+                          precision, clip_grad=1.0, env=env)
+        times.append(time.perf_counter() - start)
+    params = list(model.parameters())
+    states = [optimizer.state[p][key] for p in params for key in ("exp_avg", "exp_avg_sq")]
+    row = {"rank": rank, "world": world, "loss": loss, "step_s": min(times),
+           "param_bytes": _local_bytes(params), "grad_bytes": _local_bytes([p.grad for p in params]),
+           "optimizer_bytes": _local_bytes(states), "peak_rss": peak_rss_bytes(),
+           "import_rss": import_rss, "whole_params": sum(p.numel() for p in params)}
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump(row, f)
+    env.close()
+
+
+def measure(args, world: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(_rank, args=(world, free_port(), args, out_dir), nprocs=world,
+                                     start_method="fork", join=False)
+        while not context.join():
+            pass
+        return [json.load(open(os.path.join(out_dir, f"{r}.json"))) for r in range(world)]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sharding_memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--ffn", type=int, default=16384)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=50048)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--stage", type=int, default=3, choices=(1, 2, 3))
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    args = parser.parse_args(argv)
+    assert not dist.is_initialized()
+    print_cpu_line()
+    print(f"GLM hidden {args.hidden}, {args.heads} heads, ffn {args.ffn or 4 * args.hidden}, {args.layers} layers, "
+          f"vocabulary {args.vocab}; batch {args.batch} x {args.seq} tokens per rank; fp32 AdamW; "
+          f"sharded runs: --sharding stage{args.stage}", flush=True)
+    print("| ranks | rank | params MiB | grads MiB | AdamW MiB | grads+AdamW MiB | peak RSS MiB | RSS rise MiB |"
+          " step s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    results = {}
+    for world in args.ranks:
+        rows = measure(args, world)
+        results[world] = rows
+        for row in rows:
+            state = row["grad_bytes"] + row["optimizer_bytes"]
+            print(f"| {world} | {row['rank']} | {row['param_bytes'] / MIB:.0f} | {row['grad_bytes'] / MIB:.0f} | "
+                  f"{row['optimizer_bytes'] / MIB:.0f} | {state / MIB:.0f} | {row['peak_rss'] / MIB:.0f} | "
+                  f"{(row['peak_rss'] - row['import_rss']) / MIB:.0f} | {row['step_s']:.2f} |", flush=True)
+    if 1 in results:
+        one = results[1][0]
+        one_state = one["grad_bytes"] + one["optimizer_bytes"]
+        one_rise = one["peak_rss"] - one["import_rss"]
+        print(f"parameters: {one['whole_params']:,}")
+        for world, rows in results.items():
+            if world == 1:
+                continue
+            state = max(r["grad_bytes"] + r["optimizer_bytes"] for r in rows)
+            rise = max(r["peak_rss"] - r["import_rss"] for r in rows)
+            print(f"{world} ranks: grads+AdamW per rank {state / MIB:.0f} MiB = {state * world / one_state:.3f} x 1/{world} "
+                  f"of one process's {one_state / MIB:.0f} MiB (goal <= 1.2); peak RSS rise per rank {rise / MIB:.0f} MiB "
+                  f"= {rise * world / one_rise:.2f} x 1/{world} of one process's {one_rise / MIB:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

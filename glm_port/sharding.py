@@ -1,0 +1,229 @@
+"""Sharded data parallel (ZeRO / PaddleNLP's ``--sharding``) on torch's FSDP2, for every training command.
+
+The engine is torch's: ``torch.distributed.fsdp.fully_shard`` on each transformer layer and on the root
+module, over the data-parallel ``DeviceMesh`` of the run's layout (``shim.distributed.setup_layout``).
+Nothing here shards a tensor itself; this module only says which modules become FSDP units, with what
+policy, and how the training loop's norm and the checkpoints treat the resulting DTensor parameters.
+
+Stages (PaddleNLP's ``--sharding stageN``, DeepSpeed's ``zero_optimization.stage``) map to one switch,
+``reshard_after_forward``: stage 3 frees each layer's gathered parameters after its forward (gathered
+again for the backward), stages 1 and 2 keep them from the forward to the backward. FSDP2 always shards
+parameters, gradients and optimizer state between steps, so stages 1 and 2 hold less than ZeRO's (which
+keep whole parameters, and for stage 1 whole gradients) and differ from stage 3 only in the memory of
+the gathered parameters during a step.
+
+``degree`` below the data-parallel size gives hybrid sharding (HSDP): the data-parallel ranks split into
+``dp / degree`` replicas of ``degree`` shards, a 2-D mesh ``(replicate, shard)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import types
+from dataclasses import dataclass
+
+import shim as torch
+import shim.distributed as dist
+
+STAGES = ("stage1", "stage2", "stage3")
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """A run's sharding: its ZeRO stage (1-3) and how many ranks each parameter is split over."""
+
+    stage: int
+    degree: int
+    mesh: object = None  # the FSDP mesh: 1-D ("dp",), or 2-D ("replicate", "shard") for HSDP
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return self.stage == 3
+
+    @property
+    def hybrid(self) -> bool:
+        return self.mesh is not None and self.mesh.ndim == 2
+
+
+def parse_stage(text: str | int | None) -> int:
+    """``stage1``/``stage2``/``stage3`` (PaddleNLP's words; ``1``-``3`` too) as 1-3; ``""``/None/0: 0 (off)."""
+    if text in (None, "", 0, "0"):
+        return 0
+    words = str(text).split()  # PaddleNLP allows "stage2 offload": offload is not implemented
+    if len(words) != 1 or words[0] not in (*STAGES, "1", "2", "3"):
+        raise ValueError(f"--sharding {text!r}: choose stage1, stage2 or stage3 (offload is not implemented)")
+    return int(words[0][-1])
+
+
+def resolve_degree(stage: int, degree: int | None, world_size: int, tensor_parallel_size: int = 1) -> int:
+    """The ranks each parameter is sharded over: ``degree``, or the whole data-parallel group when it is
+    None or -1 (PaddleNLP's default); a one-line ValueError when it does not divide the data-parallel
+    size (the world size over tensor parallel)."""
+    if not stage:
+        return 1
+    data_parallel = world_size // max(tensor_parallel_size, 1)
+    if degree is None or degree == -1:
+        return data_parallel
+    if degree < 1 or data_parallel % degree:
+        raise ValueError(f"--sharding_degree {degree} does not divide the {data_parallel} data-parallel processes "
+                         f"(world size {world_size}" + (f" / tensor parallel {tensor_parallel_size})"
+                                                        if tensor_parallel_size > 1 else ")"))
+    return degree
+
+
+def fsdp_mesh(layout, degree: int):
+    """The data-parallel mesh of ``layout`` (shim's root mesh ``("pp", "dp", "tp")``), or, for a degree below
+    the data-parallel size, that dimension unflattened into ``("replicate", "shard")``."""
+    dp = layout.data_parallel_size
+    if degree == dp:
+        return layout.mesh["dp"]
+    return layout.mesh._unflatten("dp", (dp // degree, degree), ("replicate", "shard"))["replicate", "shard"]
+
+
+def transformer_layers(model) -> list:
+    """The model's repeated blocks: the children of its ``nn.ModuleList`` holding the most parameters
+    (GLM's ``transformer.layers``, ChatGLM2's ``encoder.layers``)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(blocks)
+
+
+def shard_model(model, sharding: Sharding, param_dtype=None):
+    """``fully_shard`` every transformer layer, then the root (embeddings, final norm, head), in place.
+
+    ``param_dtype`` (bf16 under --bf16): the layers compute in it, gradients are reduced in fp32 and the
+    sharded (master) parameters and optimizer state stay fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    options = dict(mesh=sharding.mesh, reshard_after_forward=sharding.reshard_after_forward)
+    if policy is not None:
+        options["mp_policy"] = policy
+    for layer in transformer_layers(model):
+        fully_shard(layer, **options)
+    # The root's own parameters are needed until the loss (tied output embedding): never resharded early.
+    fully_shard(model, **{**options, "reshard_after_forward": False})
+    return model
+
+
+def is_sharded(model) -> bool:
+    if "torch.distributed.fsdp" not in sys.modules:  # never imported: nothing is sharded (and a one-process
+        return False  # run does not pay for the import)
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def as_root_forward(model, logits_fn):
+    """``logits_fn(model, batch, counted)`` run as a forward of the sharded root: a family whose logits call a
+    submodule and then use the root's weights directly (ChatGLM2: ``model.transformer``, then its output
+    layer's weight) gets the root's parameters gathered around it and the root's backward hooks on its output,
+    as a call of the model would. The same function back for an unsharded model."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    if not is_sharded(model):
+        return logits_fn
+    if "_root_logits" not in vars(model):
+        model._root_logits = types.MethodType(lambda self, fn, batch, counted: fn(self, batch, counted), model)
+        register_fsdp_forward_method(model, "_root_logits")  # torch's hook for forward methods other than forward
+    return lambda root, batch, counted: root._root_logits(logits_fn, batch, counted)
+
+
+@contextlib.contextmanager
+def root_gathered(model):
+    """For code that reaches a sharded model's parts without calling the model itself (generation through a
+    wrapper that runs its embedding, layers and head one by one): the root's FSDP pre-forward is run first
+    (it initialises the root and gathers the root's own parameters: embeddings, final norm), the layers still
+    gather theirs in their forward; every unit is resharded after. Nothing happens for an unsharded model."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if not is_sharded(model):
+        yield model
+        return
+    if "_gather_root" not in vars(model):
+        model._gather_root = types.MethodType(lambda self: None, model)
+        register_fsdp_forward_method(model, "_gather_root")  # torch's hook for forward methods other than forward
+    model._gather_root()
+    try:
+        yield model
+    finally:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+
+def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
+    """Clip by the global norm of gradients that are DTensors (FSDP shards, possibly also replicated over
+    an HSDP replica dimension): each element counted once. Returns the norm (a float tensor)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm_type = float(norm_type)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    if math.isinf(norm_type):
+        total = torch.stack([g.detach().abs().max().float() if g.numel() else g.new_zeros(()).float()
+                             for g in local]).max()
+        if dist.is_initialized():
+            dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    else:
+        powers = []
+        for g, piece in zip(grads, local):
+            # replicated copies (HSDP's replica dimension) are divided out, so the world's sum counts them once
+            copies = math.prod(g.device_mesh.size(i) for i, p in enumerate(g.placements) if p.is_replicate()) \
+                if isinstance(g, DTensor) else (dist.get_world_size() if dist.is_initialized() else 1)
+            value = torch.linalg.vector_norm(piece.detach().float(), norm_type) ** norm_type if piece.numel() \
+                else piece.new_zeros((), dtype=torch.float32)
+            powers.append(value / copies)
+        total = torch.stack(powers).sum()
+        if dist.is_initialized():
+            dist.all_reduce(total)
+        total = total ** (1.0 / norm_type)
+    coefficient = max_norm / (total + 1e-6)
+    if coefficient < 1:
+        scale = coefficient.item()
+        for piece in local:  # the shards in place: the DTensor gradients follow
+            piece.mul_(scale)
+    return total
+
+
+def local_numel(tensors) -> int:
+    """Elements this rank holds of ``tensors`` (a DTensor's local shard; a plain tensor whole)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in tensors)
+
+
+# ---- whole weights out of a sharded model ----------------------------------------------------------------
+
+
+def full_state_dict(model) -> dict:
+    """The whole model's weights on CPU, on global rank 0 (empty elsewhere); collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def unsharded_twin(model, state: dict):
+    """A plain (unsharded) instance of ``model``'s class holding ``state``: built from ``model.config`` on
+    the meta device, its tensors then taken from ``state``. What a family's ``save`` writes as one process
+    writes it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    import torch as _torch
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    with _torch.device("meta"):
+        twin = cls(model.config)
+    twin.load_state_dict(state, assign=True)
+    for name, buffer in list(twin.named_buffers()):  # non-persistent buffers (not in the state dict)
+        if buffer.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            source = model.get_buffer(name)
+            twin.get_submodule(owner).register_buffer(leaf, source.detach().cpu().clone(), persistent=False)
+    return twin.eval()
