@@ -255,7 +255,8 @@ def profile_decode(variant: str, args) -> None:
         elapsed = (time.perf_counter() - start) / args.profile_steps
     print(f"{variant}: {1e3 * elapsed:.1f} ms a decode step under the profiler, {torch.get_num_threads()} threads, "
           f"load average {load_start:.1f}-{os.getloadavg()[0]:.1f}")
-    print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
+    table = prof.key_averages(group_by_input_shape=True)
+    print(table.table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
 
 
 # -------------------------------------------------------------------------------------------- driver
@@ -272,9 +273,9 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1, help="time-to-first-token runs (median kept)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="run every (variant, batch) this many times, in interleaved rounds (each a fresh process): "
-                             "the table gives medians, the decode rate's min-max and the median (min-max) of each "
-                             "round's ratio to that round's bf16 packed rate")
+                        help="run every (variant, batch) this many times, in interleaved rounds (each a fresh "
+                             "process): the table gives medians, the decode rate's min-max and the median "
+                             "(min-max) of each round's ratio to that round's bf16 packed rate")
     parser.add_argument("--profile", choices=OURS, metavar="VARIANT",
                         help="only profile VARIANT's decode steps at batch 1 (torch.profiler; fp32, bf16, int8, int4)")
     parser.add_argument("--profile-steps", type=int, default=5)
