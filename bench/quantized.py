@@ -24,6 +24,8 @@ equal to fp32's at that batch), and the decode ratio to bf16 packed and to chatg
     python -m bench.quantized                                  # 4 layers at ChatGLM2-6B width, prompt 512, 128 new
     python -m bench.quantized --layers 1 --new-tokens 8 --prompt 64 --batches 1   # smoke run
     python -m bench.quantized --products                       # one layer's products: kernels (and torchao's)
+    python -m bench.quantized --profile int8 --prompt 512      # torch.profiler over int8's decode steps
+    python -m bench.quantized --variants bf16 int8 int4 --batches 1 --rounds 3   # interleaved rounds, shared machine
     CHATGLM2_CODE=/dir CHATGLM_CPP_PYTHON=/venv/bin/python python -m bench.quantized   # + chatglm-cpp rows
 
 ``--products`` times one decode step's products on ChatGLM2-6B's weight shapes (bench.packed_linear's),
@@ -113,6 +115,7 @@ def worker(variant: str, batch: int, path: str, args) -> dict:
     import shim.nn  # noqa: F401
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
+    load_start = os.getloadavg()[0]
     path = Path(path)
     rss_before, start = status_kib("VmRSS") * 1024, time.perf_counter()
     model = load(variant, args, path, batch)
@@ -134,6 +137,7 @@ def worker(variant: str, batch: int, path: str, args) -> dict:
         "file_mib": path.stat().st_size / 2**20, "ttft_ms": 1e3 * sorted(ttfts)[len(ttfts) // 2],
         "decode_tok_s": decode_rate(batch * (args.new_tokens - 1), decode), "tokens": tokens[0].tolist(),
         "rss_end_mib": status_kib("VmRSS") / 1024,  # the whole process after the run: every weight page touched
+        "load_avg": [load_start, os.getloadavg()[0]],  # the machine's 1-minute load average at start and end
     }
 
 
@@ -156,43 +160,103 @@ def products(args) -> None:
     else:
         torchao_missing = None
     ways = ["bf16 oneDNN-packed", "int8 torch kernel", f"int4 g{args.group_size} torch kernel", "int8 torchao"]
-    print(f"{'rows':>4} " + " ".join(f"{w:>24}" for w in ways))
-    for rows in args.batches:
-        totals = dict.fromkeys(ways, 0.0)
-        weight_bytes = {w: 0 for w in ways}
-        for out_features, in_features in SHAPES.values():
-            linear = torch.nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16)
-            x = torch.randn(rows, in_features).to(torch.bfloat16)
-            with torch.inference_mode():
-                packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
-                totals[ways[0]] += median_ms(
-                    lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], ""), args.repeats)
-                weight_bytes[ways[0]] += linear.weight.nbytes
-                del packed
-                int8 = Int8Linear.from_linear(linear)
-                totals[ways[1]] += median_ms(lambda: int8(x), args.repeats)
-                weight_bytes[ways[1]] += int8.weight.nbytes
-                del int8
-                int4 = Int4Linear.from_linear(linear, args.group_size).pack()
-                totals[ways[2]] += median_ms(lambda: int4(x), args.repeats)
-                weight_bytes[ways[2]] += out_features * in_features // 2
-                del int4
-                if torchao_missing is None:
-                    ao = torch.nn.Sequential(linear)
-                    quantize_(ao, Int8WeightOnlyConfig())
-                    totals[ways[3]] += median_ms(lambda: ao(x), args.repeats)
-                    weight_bytes[ways[3]] += out_features * in_features
-                    del ao
-            del linear
-        cells = []
-        for way in ways:
-            if way == ways[3] and torchao_missing:
-                cells.append("n/a")
-            else:
-                cells.append(f"{totals[way]:8.1f} ({weight_bytes[way] / totals[way] / 1e6:5.1f})")
-        print(f"{rows:>4} " + " ".join(f"{c:>24}" for c in cells))
+    print(f"{'round':>5} {'rows':>4} " + " ".join(f"{w:>24}" for w in ways)
+          + f" {'int8/bf16':>9} {'int4/bf16':>9} {'load avg':>9}")
+    ratios = {}  # rows -> [(int8 speed-up, int4 speed-up) per round]
+    for round_ in range(args.rounds):
+        for rows in args.batches:
+            load_start = os.getloadavg()[0]
+            totals = dict.fromkeys(ways, 0.0)
+            weight_bytes = {w: 0 for w in ways}
+            for out_features, in_features in SHAPES.values():
+                linear = torch.nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16)
+                x = torch.randn(rows, in_features).to(torch.bfloat16)
+                with torch.inference_mode():
+                    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+                    totals[ways[0]] += median_ms(
+                        lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], ""), args.repeats)
+                    weight_bytes[ways[0]] += linear.weight.nbytes
+                    del packed
+                    int8 = Int8Linear.from_linear(linear)
+                    totals[ways[1]] += median_ms(lambda: int8(x), args.repeats)
+                    weight_bytes[ways[1]] += int8.weight.nbytes
+                    del int8
+                    int4 = Int4Linear.from_linear(linear, args.group_size).pack()
+                    totals[ways[2]] += median_ms(lambda: int4(x), args.repeats)
+                    weight_bytes[ways[2]] += out_features * in_features // 2
+                    del int4
+                    if torchao_missing is None:
+                        ao = torch.nn.Sequential(linear)
+                        quantize_(ao, Int8WeightOnlyConfig())
+                        totals[ways[3]] += median_ms(lambda: ao(x), args.repeats)
+                        weight_bytes[ways[3]] += out_features * in_features
+                        del ao
+                del linear
+            cells = []
+            for way in ways:
+                if way == ways[3] and torchao_missing:
+                    cells.append("n/a")
+                else:
+                    cells.append(f"{totals[way]:8.1f} ({weight_bytes[way] / totals[way] / 1e6:5.1f})")
+            speedups = (totals[ways[0]] / totals[ways[1]], totals[ways[0]] / totals[ways[2]])
+            ratios.setdefault(rows, []).append(speedups)
+            load = f"{load_start:.1f}-{os.getloadavg()[0]:.1f}"
+            print(f"{round_ + 1:>5} {rows:>4} " + " ".join(f"{c:>24}" for c in cells)
+                  + f" {speedups[0]:>8.2f}x {speedups[1]:>8.2f}x {load:>9}", flush=True)
+    if args.rounds > 1:
+        import statistics
+
+        for rows, pairs in ratios.items():
+            int8, int4 = ([p[i] for p in pairs] for i in (0, 1))
+            print(f"rows {rows}: over {len(pairs)} rounds, int8 {statistics.median(int8):.2f}x "
+                  f"({min(int8):.2f}-{max(int8):.2f}), int4 {statistics.median(int4):.2f}x "
+                  f"({min(int4):.2f}-{max(int4):.2f}) bf16 packed's speed")
     if torchao_missing:
         print(f"torchao: not measured ({torchao_missing})")
+
+
+def profile_decode(variant: str, args) -> None:
+    """torch.profiler over ``--profile-steps`` decode steps at batch 1 after a ``--prompt`` prefill: the ops
+    by self CPU time, grouped by input shape (which kernel each product runs, how often, for how long)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from glm_port.models.chatglm2 import ChatGLM2ForCausalLM
+    from shim.nn import pack_linears, quantize_linears
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    with torch.device("meta"):
+        model = ChatGLM2ForCausalLM(model_config(args))
+    model = model.to_empty(device="cpu").to(_dtype(variant)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # random weights drawn in place: no fp32 copy to convert
+            parameter.normal_(0, 0.02)
+    if variant in ("int8", "int4"):
+        quantize_linears(model, 8 if variant == "int8" else 4, group_size=args.group_size, skip=_output_skip(args))
+    else:
+        pack_linears(model, batch_size=1)
+    prompt = torch.randint(3, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        out = model(input_ids=prompt, position_ids=torch.arange(args.prompt)[None], use_cache=True,
+                    return_last_logit=True)
+        token, position = out.logits[:, -1].argmax(-1, keepdim=True), args.prompt
+
+        def step():
+            nonlocal out, token, position
+            out = model(input_ids=token, position_ids=torch.full((1, 1), position), past_key_values=out.past_key_values,
+                        use_cache=True, return_last_logit=True)
+            token, position = out.logits[:, -1].argmax(-1, keepdim=True), position + 1
+
+        step()  # warm up
+        start, load_start = time.perf_counter(), os.getloadavg()[0]
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(args.profile_steps):
+                step()
+        elapsed = (time.perf_counter() - start) / args.profile_steps
+    print(f"{variant}: {1e3 * elapsed:.1f} ms a decode step under the profiler, {torch.get_num_threads()} threads, "
+          f"load average {load_start:.1f}-{os.getloadavg()[0]:.1f}")
+    table = prof.key_averages(group_by_input_shape=True)
+    print(table.table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
 
 
 # -------------------------------------------------------------------------------------------- driver
@@ -208,6 +272,14 @@ def build_parser():
     parser.add_argument("--keep-output", action="store_true", help="keep the output layer in bf16 (packed)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1, help="time-to-first-token runs (median kept)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every (variant, batch) this many times, in interleaved rounds (each a fresh "
+                             "process): the table gives medians, the decode rate's min-max and the median "
+                             "(min-max) of each round's ratio to that round's bf16 packed rate")
+    parser.add_argument("--profile", choices=OURS, metavar="VARIANT",
+                        help="only profile VARIANT's decode steps at batch 1 (torch.profiler; fp32, bf16, int8, int4)")
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--profile-rows", type=int, default=15)
     parser.add_argument("--products", action="store_true", help="only the per-product table (--batches: rows)")
     parser.add_argument("--worker", nargs=3, metavar=("VARIANT", "BATCH", "FILE"), help=argparse.SUPPRESS)
     parser.add_argument("--prepare", nargs=2, metavar=("VARIANT", "FILE"), help=argparse.SUPPRESS)
@@ -243,23 +315,60 @@ def _variants(args):
     return list(args.variants)
 
 
+def summarize(samples: dict) -> list[dict]:
+    """One row per (variant, batch) from its rounds (``samples[(variant, batch)]``: one worker result per
+    round, in round order): each figure's median, the decode rate's min and max, the first round's tokens,
+    the load averages seen, and ``bf16_ratios``: the decode rate over bf16 packed's **in the same round** at
+    the same batch (rounds interleave the variants, so a ratio compares runs made close together)."""
+    import statistics
+
+    rows = []
+    for (variant, batch), results in samples.items():
+        rates = [r["decode_tok_s"] for r in results]
+        row = {key: statistics.median(r[key] for r in results)
+               for key in ("load_s", "file_mib", "load_rss_mib", "rss_end_mib", "ttft_ms") if key in results[0]}
+        bf16 = samples.get(("bf16", batch), [])
+        loads = [x for r in results for x in r.get("load_avg", [])]
+        row.update(variant=variant, batch=batch, tokens=results[0]["tokens"], rounds=len(results),
+                   decode_tok_s=statistics.median(rates), decode_min=min(rates), decode_max=max(rates),
+                   bf16_ratios=[r["decode_tok_s"] / b["decode_tok_s"] for r, b in zip(results, bf16)],
+                   load_avg=[min(loads), max(loads)] if loads else None)
+        rows.append(row)
+    return rows
+
+
+def _ratio_cell(row: dict, bf16: dict | None) -> str:
+    """The decode rate over bf16 packed's: the median of the per-round ratios (and their range) where the
+    rows come from rounds, else the ratio of the two rates."""
+    import statistics
+
+    ratios = row.get("bf16_ratios")
+    if ratios:
+        cell = f"{statistics.median(ratios):.2f}x"
+        return cell + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
+    return f"{row['decode_tok_s'] / bf16['decode_tok_s']:.2f}x" if bf16 else "n/a"
+
+
 def print_table(rows: list[dict]) -> None:
     def row_of(variant, batch):
         return next((r for r in rows if r["variant"] == variant and r["batch"] == batch), None)
 
     print(f"{'variant':<9} {'batch':>5} {'load s':>7} {'file MiB':>9} {'load RSS MiB':>13} {'RSS end MiB':>12} "
           f"{'ttft ms':>9} "
-          f"{'decode tok/s':>13} {'same tokens':>12} {'vs bf16':>8} {'vs cpp same bits':>17}")
+          f"{'decode tok/s':>13} {'min-max':>11} {'same tokens':>12} {'vs bf16':>18} {'vs cpp same bits':>17} "
+          f"{'load avg':>10}")
     for row in rows:
         fp32, bf16 = row_of("fp32", row["batch"]), row_of("bf16", row["batch"])
         cpp = row_of(SAME_BITS.get(row["variant"], ""), 1) if row["batch"] == 1 else None
         same = f"{sum(a == b for a, b in zip(row['tokens'], fp32['tokens']))}/{len(fp32['tokens'])}" if fp32 else "n/a"
-        ratio = f"{row['decode_tok_s'] / bf16['decode_tok_s']:.2f}x" if bf16 else "n/a"
         vs_cpp = f"{row['decode_tok_s'] / cpp['decode_tok_s']:.2f}x" if cpp else "n/a"
         file_mib = f"{row['file_mib']:.0f}" if "file_mib" in row else "n/a"
         rss_end = f"{row['rss_end_mib']:.0f}" if "rss_end_mib" in row else "n/a"
+        span = f"{row['decode_min']:.2f}-{row['decode_max']:.2f}" if "decode_min" in row else "-"
+        load = f"{row['load_avg'][0]:.1f}-{row['load_avg'][1]:.1f}" if row.get("load_avg") else "n/a"
         print(f"{row['variant']:<9} {row['batch']:>5} {row['load_s']:>7.2f} {file_mib:>9} {row['load_rss_mib']:>13.0f} "
-              f"{rss_end:>12} {row['ttft_ms']:>9.0f} {row['decode_tok_s']:>13.2f} {same:>12} {ratio:>8} {vs_cpp:>17}")
+              f"{rss_end:>12} {row['ttft_ms']:>9.0f} {row['decode_tok_s']:>13.2f} {span:>11} {same:>12} "
+              f"{_ratio_cell(row, bf16):>18} {vs_cpp:>17} {load:>10}")
 
 
 def main(argv=None) -> int:
@@ -278,6 +387,9 @@ def main(argv=None) -> int:
         print(json.dumps(result))
         return 0
     print_cpu_line()
+    if args.profile:
+        profile_decode(args.profile, args)
+        return 0
     if args.products:
         products(args)
         return 0
@@ -290,44 +402,45 @@ def main(argv=None) -> int:
           f"hidden {args.hidden}, ffn {args.ffn}, vocab {args.vocab}; prompt {args.prompt}, {args.new_tokens} new "
           f"tokens, greedy; int4 group {args.group_size}; output layer "
           f"{'kept bf16' if args.keep_output else 'quantized'}")
-    rows = []
+    samples = {}  # (variant, batch) -> one result per round
     with tempfile.TemporaryDirectory(prefix="bench-quantized-") as scratch:
         scratch = Path(scratch)
         thudm_dir = scratch / "thudm"
-        for batch in args.batches:  # every variant at one batch, then the next batch
-            for variant in variants:
-                if variant in CPP:
-                    if batch != 1:
-                        continue
-                    ggml = scratch / f"{variant}.bin"
-                    if not thudm_dir.exists():
-                        done = subprocess.run([sys.executable, "-m", "bench.chatglm2", *_shape_argv(args),
-                                               "--write-thudm-dir", str(thudm_dir)], cwd=ROOT,
-                                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-                        if done.returncode:
-                            return 1
-                    if not ggml.exists():
-                        done = subprocess.run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "chatglm_cpp.convert", "-i",
-                                               str(thudm_dir), "-t", CPP[variant], "-o", str(ggml)], cwd=ROOT,
-                                              capture_output=True, text=True)
-                        if done.returncode:
-                            print(f"bench.quantized: chatglm-cpp convert failed:\n{done.stderr[-2000:]}",
-                                  file=sys.stderr)
-                            return 1
-                    result = _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "bench.quantized", *argv,
-                                   "--cpp-worker", variant, str(ggml)], f"{variant} batch 1")
-                else:
-                    saved = scratch / f"{variant}.safetensors"
-                    if not saved.exists() and _run([sys.executable, "-m", "bench.quantized", *argv, "--prepare",
-                                                    variant, str(saved)], f"writing {variant}'s weights") is None:
+        runs = [(r, b, v) for r in range(args.rounds) for b in args.batches for v in variants]
+        for round_, batch, variant in runs:  # interleaved: every variant once per round
+            if variant in CPP:
+                if batch != 1:
+                    continue
+                ggml = scratch / f"{variant}.bin"
+                if not thudm_dir.exists():
+                    done = subprocess.run([sys.executable, "-m", "bench.chatglm2", *_shape_argv(args),
+                                           "--write-thudm-dir", str(thudm_dir)], cwd=ROOT,
+                                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    if done.returncode:
                         return 1
-                    result = _run([sys.executable, "-m", "bench.quantized", *argv, "--worker", variant, str(batch),
-                                   str(saved)], f"{variant} batch {batch}")
-                if result is None:
+                if not ggml.exists():
+                    done = subprocess.run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "chatglm_cpp.convert", "-i",
+                                           str(thudm_dir), "-t", CPP[variant], "-o", str(ggml)], cwd=ROOT,
+                                          capture_output=True, text=True)
+                    if done.returncode:
+                        print(f"bench.quantized: chatglm-cpp convert failed:\n{done.stderr[-2000:]}",
+                              file=sys.stderr)
+                        return 1
+                result = _run([os.environ["CHATGLM_CPP_PYTHON"], "-m", "bench.quantized", *argv,
+                               "--cpp-worker", variant, str(ggml)], f"{variant} batch 1")
+            else:
+                saved = scratch / f"{variant}.safetensors"
+                if not saved.exists() and _run([sys.executable, "-m", "bench.quantized", *argv, "--prepare",
+                                                variant, str(saved)], f"writing {variant}'s weights") is None:
                     return 1
-                rows.append(result)
-                print(f"  {variant} batch {batch}: " + json.dumps({k: v for k, v in result.items() if k != "tokens"}),
-                      flush=True)
+                result = _run([sys.executable, "-m", "bench.quantized", *argv, "--worker", variant, str(batch),
+                               str(saved)], f"{variant} batch {batch}")
+            if result is None:
+                return 1
+            samples.setdefault((variant, batch), []).append(result)
+            shown = {k: v for k, v in result.items() if k != "tokens"}
+            print(f"  round {round_ + 1} {variant} batch {batch}: {json.dumps(shown)}", flush=True)
+    rows = summarize(samples)
     print_table(rows)
     return 0
 

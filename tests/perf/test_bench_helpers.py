@@ -190,5 +190,25 @@ def test_quantized_bench_table_compares_with_bf16_and_cpp_at_the_same_bits(capsy
     print_table([row("fp32", 1, 2.0, [1, 2, 3]), row("bf16", 1, 4.0, [1, 2, 3]), row("int4", 1, 12.0, [1, 2, 4]),
                  row("cpp_q4_0", 1, 10.0, [1, 9, 9]), row("bf16", 8, 20.0, [1]), row("int4", 8, 30.0, [1])])
     lines = {tuple(line.split()[:2]): line.split() for line in capsys.readouterr().out.splitlines()[1:]}
-    assert lines["int4", "1"][-3:] == ["2/3", "3.00x", "1.20x"]  # tokens as fp32's, vs bf16, vs q4_0
-    assert lines["int4", "8"][-3:] == ["n/a", "1.50x", "n/a"]  # no fp32 row at 8; chatglm-cpp does not batch
+    assert lines["int4", "1"][-4:] == ["2/3", "3.00x", "1.20x", "n/a"]  # tokens as fp32's, vs bf16, vs q4_0, load
+    assert lines["int4", "8"][-4:] == ["n/a", "1.50x", "n/a", "n/a"]  # no fp32 row at 8; chatglm-cpp does not batch
+
+
+def test_quantized_bench_rounds_give_each_round_its_own_bf16_ratio(capsys):
+    from bench.quantized import print_table, summarize
+
+    def result(variant, rate, load):
+        return {"variant": variant, "batch": 1, "load_s": 1.0, "file_mib": 10.0, "load_rss_mib": 5.0,
+                "rss_end_mib": 50.0, "ttft_ms": 100.0, "decode_tok_s": rate, "tokens": [1, 2], "load_avg": [load, load]}
+
+    # the machine slows down in round 2: bf16 and int4 both halve, the per-round ratio stays 2.00x, while
+    # the ratio of the medians (int4 3.0 / bf16 1.5) would read 2.00x only by luck of the middle values
+    samples = {("bf16", 1): [result("bf16", 2.0, 1.0), result("bf16", 1.0, 8.0), result("bf16", 1.6, 4.0)],
+               ("int4", 1): [result("int4", 4.0, 1.0), result("int4", 2.0, 8.0), result("int4", 4.8, 4.0)]}
+    rows = summarize(samples)
+    int4 = next(r for r in rows if r["variant"] == "int4")
+    assert int4["bf16_ratios"] == pytest.approx([2.0, 2.0, 3.0]) and int4["decode_tok_s"] == 4.0
+    assert (int4["decode_min"], int4["decode_max"], int4["load_avg"]) == (2.0, 4.8, [1.0, 8.0])
+    print_table(rows)
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("int4"))
+    assert "2.00x (2.00-3.00)" in line and "2.00-4.80" in line and "1.0-8.0" in line

@@ -21,7 +21,8 @@ VOCAB = 1024
 
 
 def relative(got, ref):
-    return ((got.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+    """||got - ref|| / ||ref|| over every logit (Frobenius norms): the metric of docs/quantization.md, Quality."""
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_load_pretrained_quantize_keeps_the_output_layer_and_the_logits(model_di
     ref = load_pretrained(model_dir)
     with torch.inference_mode():
         expected = ref(input_ids=ids()).logits
-    for mode, kind, bound in (("int8", Int8Linear, 1e-2), ("int4", Int4Linear, 0.15)):
+    for mode, kind, bound in (("int8", Int8Linear, 1e-2), ("int4", Int4Linear, 5e-2)):
         model = load_pretrained(model_dir, quantize=mode, group_size=32)
         layer = model.transformer.encoder.layers[0]
         assert isinstance(layer.self_attention.query_key_value, kind) and isinstance(layer.mlp.dense_4h_to_h, kind)
