@@ -3,9 +3,13 @@
     glm-chat                       # the embedded random-init tiny model (no downloads; talks nonsense)
     glm-chat --model chatglm2-6b/  # a THUDM directory (or one written by glm-convert --from transformers)
     glm-chat --model chatglm3-6b/ --system "You are ChatGLM3."   # ChatGLM3's role-token format, found by itself
+    glm-chat --model glm-4-9b-chat/  # GLM-4 (THUDM's directory, or transformers' glm-4-9b-chat-hf layout)
+    glm-chat --chat-format glm4      # the embedded random-init tiny GLM-4
 
 The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
-the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused).
+the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused);
+GLM-4's (``glm4``) for a GLM-4 directory, whose family (``models.family_at``) loads it and streams its replies
+(``model.stream_chat``).
 Commands at the prompt: ``/clear`` forgets the history (the system prompt stays), ``/exit`` (or end of input,
 or Ctrl-C) quits. Ctrl-C while a reply streams stops that reply and brings the prompt back, the conversation
 as before the turn. ``--temperature 0`` is greedy, as ``--greedy``. A line that is not UTF-8 is refused
@@ -43,12 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
                         "embedded random-init tiny model, built on the fly with no downloads")
-    parser.add_argument("--chat-format", choices=CHAT_FORMATS, default=None,
-                        help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
+    parser.add_argument("--chat-format", choices=CHAT_FORMATS + ("glm4",), default=None,
+                        help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens; "
+                        "glm4: GLM-4's (a GLM-4 directory's only format; with no --model, the embedded tiny GLM-4). "
                         "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
                         "embedded model")
     parser.add_argument("--system", metavar="TEXT", default=None,
-                        help="ChatGLM3 only: a system prompt, the first message of every conversation (default: none)")
+                        help="ChatGLM3 and GLM-4: a system prompt, the first message of every conversation (default: "
+                        "none)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda when a GPU is there, else "
                              "cpu)")
@@ -97,15 +103,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chat_family(model_dir, chat_format=None):
+    """The family glm-chat runs: the directory's (``models.family_at``) when it is one with its own chat binding
+    (GLM-4), else ChatGLM2's, whose loader says what is wrong with a directory it cannot read; with no directory,
+    the embedded tiny model's (GLM-4's for ``--chat-format glm4``)."""
+    from glm_port.models import FAMILIES, family_at
+
+    if model_dir is None:
+        return FAMILIES["glm4" if chat_format == "glm4" else "chatglm2"]
+    try:
+        family = family_at(model_dir)
+    except ValueError:
+        return FAMILIES["chatglm2"]
+    return family if family.chat is not None else FAMILIES["chatglm2"]
+
+
 def load(model_dir, device="cpu", dtype=None, chat_format=None):
     """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
     ``chat_format`` None: the directory's own (the embedded model: chatglm2)."""
-    if model_dir is None:
-        from glm_port.models.chatglm2.tiny import build_tiny
-
-        model, tokenizer = build_tiny(chat_format=chat_format or "chatglm2")
-        return model.to(device=device, dtype=dtype or torch.float32), tokenizer
     from glm_port.models.chatglm2.weights import WeightsError, check_directory, load_pretrained, load_tokenizer
+
+    family = chat_family(model_dir, chat_format)
+    if model_dir is None:
+        model, tokenizer = family.binding("tiny").build_tiny(chat_format=chat_format or "chatglm2")
+        return model.to(device=device, dtype=dtype or torch.float32), tokenizer
+    if family.name != "chatglm2":  # a family with its own chat format (GLM-4)
+        if chat_format is not None and chat_format != family.binding("chat").FORMAT:
+            raise WeightsError(f"--chat-format {chat_format}: {model_dir} is a {family.name} model, whose chat format "
+                               f"is {family.binding('chat').FORMAT}")
+        return family.binding("generation").load(model_dir, dtype=dtype, device=device)
+    if chat_format == "glm4":
+        raise WeightsError(f"--chat-format glm4: {model_dir} is not a GLM-4 directory")
 
     config = check_directory(model_dir, quantized=True)  # family, shards, weight names before tokenizer and weights
     if chat_format == "chatglm3" and detect_chat_format(model_dir) != "chatglm3":
@@ -127,8 +155,9 @@ def _text(response) -> str:
 class Conversation:
     """History and, unless ``reuse`` is off, the key/value cache of the conversation so far."""
 
-    def __init__(self, start, reuse=True):
-        self.start, self.reuse = list(start), reuse
+    def __init__(self, start, reuse=True, stream=None):
+        # stream: the model's own stream_chat for a family with its own chat module (GLM-4); None: ChatGLM2's
+        self.start, self.reuse, self.stream = list(start), reuse, stream
         self.clear()
 
     def clear(self):
@@ -141,8 +170,9 @@ class Conversation:
         interrupt re-raised for the caller to go back to the prompt."""
         printed, history, past, stops = "", self.history, self.past, gen.get("stop_strings") or ()
         length = past.get_seq_length() if past is not None else 0
-        stream = stream_chat(model, tokenizer, query, self.history, past_key_values=past,
-                             return_past_key_values=self.reuse, **gen)
+        streaming = stream_chat if self.stream is None else (lambda model, *a, **k: self.stream(*a, **k))
+        stream = streaming(model, tokenizer, query, self.history, past_key_values=past,
+                           return_past_key_values=self.reuse, **gen)
         response = ""
         try:
             for step in stream:
@@ -245,24 +275,26 @@ def _main(argv=None) -> int:
         return 2
     if args.seed is not None:
         torch.manual_seed(args.seed)
+    family = chat_family(args.model, args.chat_format)
     try:
-        if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
-            from glm_port.models.chatglm2.generation import check_quantize
-
-            check_quantize(args.model, args.quantize, args.quantize_group_size)
+        if args.quantize:  # refused by a family without it, and a group size that does not divide a row, before loading
+            family.require((f"--quantize {args.quantize}", "quantize"))
+            check = getattr(family.binding("generation"), "check_quantize", None) if args.model else None
+            if check is not None:
+                check(args.model, args.quantize, args.quantize_group_size)
         model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format)
-    except (WeightsError, OSError) as exc:
-        print(f"glm-chat: error: {exc}", file=sys.stderr)
+    except (WeightsError, OSError, ValueError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"glm-chat: error: {message}", file=sys.stderr)
         return 2
-    if args.system is not None and not is_chatglm3(tokenizer):
-        print("glm-chat: error: --system needs ChatGLM3's chat format (this model's is chatglm2; see --chat-format)",
-              file=sys.stderr)
+    own_format = getattr(tokenizer, "chat_format", "chatglm2") not in CHAT_FORMATS  # GLM-4's, through its model
+    if args.system is not None and not (is_chatglm3(tokenizer) or own_format):
+        print("glm-chat: error: --system needs ChatGLM3's chat format, or GLM-4's (this model's is chatglm2; see "
+              "--chat-format)", file=sys.stderr)
         return 2
     if args.quantize:  # in place of the CPU repacking
-        from glm_port.models import FAMILIES
-
         try:
-            FAMILIES["chatglm2"].quantize(model, args.quantize, args.quantize_group_size)
+            family.quantize(model, args.quantize, args.quantize_group_size)
         except ValueError as exc:
             print(f"glm-chat: error: {exc}", file=sys.stderr)
             return 2
@@ -272,7 +304,8 @@ def _main(argv=None) -> int:
         pack_linears(model, batch_size=1)
     gen = generation_options(args)
     start = [] if args.system is None else [{"role": "system", "content": args.system}]
-    conversation, out = Conversation(start, reuse=not args.no_cache_reuse), sys.stdout
+    conversation = Conversation(start, reuse=not args.no_cache_reuse, stream=model.stream_chat if own_format else None)
+    out = sys.stdout
     if args.prompt:
         for query in args.prompt:
             out.write(f"用户：{query}\nChatGLM：")
@@ -282,7 +315,7 @@ def _main(argv=None) -> int:
                 print(f"\nglm-chat: error: {exc}", file=sys.stderr)
                 return 2
         return 0
-    name = args.model or "the embedded random-init chatglm2-tiny model"
+    name = args.model or f"the embedded random-init {family.binding('tiny').NAME} model"
     out.write(f"glm-chat on {name} ({tokenizer.chat_format} chat format): /clear forgets the conversation, "
               "/exit quits, Ctrl-C stops a reply.\n")
     tolerant_stdin()  # a line that is not UTF-8 is refused below, not a UnicodeDecodeError

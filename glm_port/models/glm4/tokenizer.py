@@ -131,6 +131,7 @@ class GLM4Tokenizer(PreTrainedTokenizer):
 
     vocab_files_names = {"vocab_file": "tokenizer.model"}
     model_input_names = ["input_ids", "attention_mask"]
+    chat_format = "glm4"  # GLM-4's one chat format (glm-chat, glm-serve read it as ChatGLM2's tokenizers say theirs)
 
     def __init__(self, vocab_file, padding_side="left", clean_up_tokenization_spaces=False, chat_template=None,
                  **kwargs):
