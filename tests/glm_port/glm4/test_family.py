@@ -299,3 +299,35 @@ def test_encode_messages_is_the_chat_template(model, tokenizer):
     assert text.endswith('<|user|>\n天气？<|assistant|>get_weather\n{"city": "北京"}<|observation|>\n晴<|assistant|>')
     assert FAMILIES["glm4"].binding("chat") is chat
     assert chat.reply_stop_ids(model, tokenizer) == tokenizer.stop_ids
+
+
+def test_glm_serve_loads_a_glm4_directory_and_chats_as_generate_does(dirs):
+    """glm-serve reaches GLM-4 through the registry only: the family, its generation and chat bindings; a greedy
+    reply from the engine's batch is what transformers' generate gives on the same prompt."""
+    import threading
+
+    from glm_port.serve.engine import Engine, Sampling, Sequence, ServedModel
+
+    served = ServedModel.load(dirs["thudm"])
+    assert served.family.name == "glm4" and served.chat_format == "glm4" and served.stepped
+    ids = served.encode_chat([{"role": "user", "content": "你好"}])
+    assert served.tokenizer.decode(ids) == "[gMASK]<sop><|user|>\n你好<|assistant|>"
+    assert served.stop_ids(True) == frozenset(served.tokenizer.stop_ids)
+    done, events = threading.Event(), []
+
+    def notify(event):
+        events.append(event)
+        if event.finish_reason:
+            done.set()
+
+    engine = Engine(served)
+    try:
+        engine.submit([Sequence(ids, Sampling(max_tokens=5, temperature=0), notify)])
+        assert done.wait(60)
+    finally:
+        engine.close()
+    expected = served.model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False,
+                                     eos_token_id=served.tokenizer.stop_ids, pad_token_id=0)[0, len(ids):].tolist()
+    expected = next((expected[:i] for i, t in enumerate(expected) if t in served.tokenizer.stop_ids), expected)
+    content, _ = served.parse_reply(expected)
+    assert content and events[-1].content == content
