@@ -180,7 +180,10 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     check_output(out, overwrite, ("SRC", src), ("--tokenizer-path", tokenizer_path))
     dtype = torch_dtype(dtype)
     check_not_adapter(src)
-    if family_at(src).name == "chatglm2":  # its config.json, or the config its shards carry
+    family = family_at(src)
+    if family.name not in ("glm", "chatglm2"):  # GLM-4 (a detected family): no merge rule here yet
+        raise ConvertError(f"SRC {src}: glm-merge does not merge the {family.name} family")
+    if family.name == "chatglm2":  # its config.json, or the config its shards carry
         return merge_chatglm2(src, out, dtype=dtype, tokenizer_type=tokenizer_type, tokenizer_path=tokenizer_path,
                               num_attention_heads=num_attention_heads, overwrite=overwrite)
     source = weights.find_source(src)

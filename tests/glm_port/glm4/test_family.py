@@ -217,7 +217,7 @@ def test_glm_chat_on_the_embedded_tiny_glm4(tokenizer, generate_calls, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--chat-format", "chatglm3"], "is a glm4 model, whose chat format is glm4"),
-    (["--quantize", "int8"], "--quantize int8: the glm4 family does not support"),
+    (["--quantize", "int4"], "int4 group size 128 does not divide the row of 64 input features"),
 ])
 def test_glm_chat_refuses_what_glm4_lacks_in_one_line(dirs, argv, message, capsys):
     from glm_port.chat import main
@@ -256,13 +256,49 @@ def test_generation_ends_at_any_of_the_configs_end_ids(model, tokenizer):
     assert cut == free[:free.index(free[1])]
 
 
-def test_glm_generate_refuses_what_glm4_does_not_support(dirs, capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: the glm4 family does not support tensor parallelism"),
+    (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2: the glm4 family does not support pipeline"),
+    (["--quantize", "int4"], "int4 group size 128 does not divide the row of 64 input features"),
+])
+def test_glm_generate_refuses_what_glm4_does_not_support_in_one_line(dirs, argv, message, capsys):
     from glm_port.generation import cli
 
     with pytest.raises(SystemExit) as stop:
-        cli.main(["--model", dirs["thudm"], "--static-cache", "hi"])
+        cli.main(["--model", dirs["thudm"], *argv, "hi"])
     assert stop.value.code == 2
-    assert "--static-cache: the glm4 family does not support" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_glm_generate_static_cache_gives_the_growing_caches_continuations(dirs, generate_calls):
+    from glm_port.generation import cli
+
+    def run(*flags):
+        args = cli.build_parser().parse_args(["--model", dirs["thudm"], "--max-new-tokens", "6", "--no-pack", *flags,
+                                              "hello world", "the cat sat"])
+        return [r["sequence"] for r in cli.run(args, out=io.StringIO(), err=io.StringIO())]
+
+    assert run("--static-cache") == run()
+    assert generate_calls[0].get("cache_implementation") == "static" and "cache_implementation" not in generate_calls[1]
+
+
+def test_quantize_keeps_the_output_layer_and_follows_the_float_model(model, tokenizer, dirs, generate_calls):
+    import copy
+
+    from glm_port.generation import cli
+    from shim.nn import Int8Linear
+
+    quantized = copy.deepcopy(model)
+    assert FAMILIES["glm4"].quantize(quantized, "int8") == 4 * model.config.num_layers
+    assert type(quantized.transformer.output_layer) is torch.nn.Linear
+    assert isinstance(quantized.transformer.encoder.layers[0].mlp.dense_h_to_4h, Int8Linear)
+    with torch.no_grad():
+        a, b = model(IDS).logits, quantized(IDS).logits
+    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.99
+    results = cli.run(cli.build_parser().parse_args(["--model", dirs["thudm"], "--max-new-tokens", "3", "--quantize",
+                                                     "int8", "hi"]), out=io.StringIO(), err=io.StringIO())
+    assert len(results) == 1 and len(generate_calls) == 1
 
 
 # ---------------------------------------------------------------- the chat API and the server's binding
@@ -331,3 +367,24 @@ def test_glm_serve_loads_a_glm4_directory_and_chats_as_generate_does(dirs):
     expected = next((expected[:i] for i, t in enumerate(expected) if t in served.tokenizer.stop_ids), expected)
     content, _ = served.parse_reply(expected)
     assert content and events[-1].content == content
+
+
+def test_the_commands_glm4_has_no_binding_for_refuse_it_in_one_line(dirs, tmp_path, capsys):
+    """glm-finetune and glm-export read the family's declaration; glm-merge refuses a family it has no rule for
+    (it read a GLM-4 directory as GLM's and failed on its tokenizer with a traceback)."""
+    from glm_port.convert import export, merge
+    from glm_port.finetune.run import main as finetune
+
+    assert FAMILIES["glm4"].finetune is None and FAMILIES["glm4"].supports == {"static_cache", "quantize"}
+    for command, argv in ((finetune, ["--model_name_or_path", dirs["thudm"], "--output_dir", str(tmp_path / "f")]),
+                          (merge.main, [dirs["thudm"], str(tmp_path / "m")]),
+                          (export.main, ["--model_name_or_path", dirs["thudm"], "--output_path", str(tmp_path / "e")])):
+        with pytest.raises(SystemExit) as stop:
+            command(argv)
+        assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"glm-finetune: error: --model_name_or_path {dirs['thudm']}: glm-finetune does not finetune the "
+                   f"glm4 family", f"glm-merge: error: SRC {dirs['thudm']}: glm-merge does not merge the glm4 family",
+                   f"glm-export: error: --model_name_or_path {dirs['thudm']}: the glm4 family does not support "
+                   f"glm-export"], err
+    assert list(tmp_path.iterdir()) == []
