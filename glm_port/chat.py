@@ -1,4 +1,4 @@
-"""``glm-chat``: a terminal chat with a ChatGLM2 / ChatGLM3 model, replies streamed as they are generated.
+"""``glm-chat``: a terminal chat with a ChatGLM2 / ChatGLM3 / GLM-4 model, replies streamed as they are generated.
 
     glm-chat                       # the embedded random-init tiny model (no downloads; talks nonsense)
     glm-chat --model chatglm2-6b/  # a THUDM directory (or one written by glm-convert --from transformers)
@@ -40,13 +40,13 @@ from glm_port.models.chatglm2.tokenizer import CHAT_FORMATS, ROLE_TOKENS, detect
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm-chat",
-        description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated, in the "
-        "model's own chat format (ChatGLM2's [Round i] prompt or ChatGLM3's role tokens). "
+        description="Terminal chat with a ChatGLM2/ChatGLM3/GLM-4 model, replies streamed as they are generated, in "
+        "the model's own chat format (ChatGLM2's [Round i] prompt, ChatGLM3's or GLM-4's role tokens). "
         "At the prompt: /clear forgets the conversation, /exit quits.",
     )
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
-                        "embedded random-init tiny model, built on the fly with no downloads")
+                        help="ChatGLM2/ChatGLM3 or GLM-4 directory (config.json, weights, tokenizer.model); default: "
+                        "the embedded random-init tiny model, built on the fly with no downloads")
     parser.add_argument("--chat-format", choices=CHAT_FORMATS + ("glm4",), default=None,
                         help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens; "
                         "glm4: GLM-4's (a GLM-4 directory's only format; with no --model, the embedded tiny GLM-4). "
