@@ -23,7 +23,7 @@ def check_quantize(path, mode, group_size) -> None:
 
 def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
     """``(model, tokenizer)`` from a GLM-4 directory, THUDM's layout or transformers' (``tokenizer_path``: another
-    GLM-4 ``tokenizer.model``, e.g. for a directory that carries only a ``tokenizer.json``)."""
+    GLM-4 ``tokenizer.model``; without one, the directory's ``tokenizer.model`` or ``tokenizer.json``)."""
     from glm_port.models.glm4.tokenizer import GLM4Tokenizer
     from glm_port.models.glm4.weights import check_directory, load_pretrained, load_tokenizer
 

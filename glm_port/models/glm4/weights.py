@@ -108,20 +108,47 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
 
 
 def load_tokenizer(directory):
-    """The directory's ``GLM4Tokenizer`` (THUDM's tiktoken ``tokenizer.model``; its ``tokenizer_config.json``'s
-    chat template when it has one)."""
+    """The directory's ``GLM4Tokenizer``: THUDM's tiktoken ``tokenizer.model`` (its ``tokenizer_config.json``'s chat
+    template when it has one), or, without one, the ranks behind a ``tokenizer.json`` (glm-4-9b-chat-hf's,
+    ``tokenizer.ranks_from_tokenizer_json``), written as a rank file into a temporary directory, with the
+    directory's chat template (``tokenizer_config.json``'s, or ``chat_template.jinja``)."""
     from glm_port.models.glm4.tokenizer import GLM4Tokenizer
 
     path = Path(directory) / "tokenizer.model"
+    if not path.is_file() and (Path(directory) / "tokenizer.json").is_file():
+        return _from_tokenizer_json(Path(directory))
     if not path.is_file():
-        raise WeightsError(f"{path}: missing (GLM-4 reads THUDM's tiktoken tokenizer.model; a directory with only a "
-                           f"tokenizer.json takes --tokenizer-path to one)")
+        raise WeightsError(f"{path}: missing (GLM-4 reads THUDM's tiktoken tokenizer.model, or a tokenizer.json)")
     if not is_rank_file(path):
         raise WeightsError(f"{path}: not a tiktoken rank file ('base64 rank' lines), as GLM-4's is")
     try:
         return GLM4Tokenizer.from_pretrained(str(directory))
     except ValueError as error:
         raise WeightsError(str(error).strip().splitlines()[0]) from None
+
+
+def _from_tokenizer_json(directory: Path):
+    import json
+    import tempfile
+
+    from glm_port.models.glm4.tokenizer import GLM4Tokenizer, ranks_from_tokenizer_json, write_rank_file
+
+    try:
+        ranks = ranks_from_tokenizer_json(directory / "tokenizer.json")
+    except ValueError as error:
+        raise WeightsError(str(error)) from None
+    template = None
+    config = directory / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except ValueError:
+            raise WeightsError(f"{config}: not valid JSON") from None
+    jinja = directory / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    vocab = write_rank_file(ranks, Path(tempfile.mkdtemp(prefix="glm4-tokenizer-")) / "tokenizer.model")
+    return GLM4Tokenizer(vocab, chat_template=template if isinstance(template, str) else None)
 
 
 __all__ = ["check_directory", "load_pretrained", "load_tokenizer", "read_config", "weight_plan"]

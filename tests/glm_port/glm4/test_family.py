@@ -388,3 +388,40 @@ def test_the_commands_glm4_has_no_binding_for_refuse_it_in_one_line(dirs, tmp_pa
                    f"glm-export: error: --model_name_or_path {dirs['thudm']}: the glm4 family does not support "
                    f"glm-export"], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_with_only_a_tokenizer_json_loads_with_the_same_ids(tmp_path, model, tokenizer, generate_calls):
+    """glm-4-9b-chat-hf carries a ``tokenizer.json`` (transformers' TikTokenConverter on the rank file) and no
+    ``tokenizer.model``: its ranks are read back from it, the chat template from the directory."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from glm_port.chat import main as chat_main
+    from glm_port.models.glm4.tokenizer import PAT_STR, SPECIAL_TOKENS
+    from glm_port.models.glm4.weights import load_tokenizer
+
+    directory = tmp_path / "hf"
+    write_directory(model, tokenizer, directory, "transformers")
+    for name in ("tokenizer.model", "tokenizer_config.json", "added_tokens.json"):
+        (directory / name).unlink(missing_ok=True)
+    converted = TikTokenConverter(tokenizer.vocab_file, pattern=PAT_STR, extra_special_tokens=list(SPECIAL_TOKENS))
+    PreTrainedTokenizerFast(tokenizer_object=converted.converted(), eos_token="<|endoftext|>",
+                            pad_token="<|endoftext|>", padding_side="left",
+                            chat_template=tokenizer.chat_template).save_pretrained(directory)
+    assert not (directory / "tokenizer.model").exists() and family_at(directory).name == "glm4"
+    loaded = load_tokenizer(directory)
+    assert loaded.ranks == tokenizer.ranks and loaded.chat_template == tokenizer.chat_template
+    for text in ("hello world", "你好，今天天气很好。\n  spaces  "):
+        assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert chat_main(["--model", str(directory), "--greedy", "--max-new-tokens", "2", "--no-pack",
+                      "--prompt", "你好"]) == 0
+    assert tokenizer.decode(generate_calls[0]["input_ids"][0].tolist()) == "[gMASK]<sop><|user|>\n你好<|assistant|>"
+
+
+def test_a_tokenizer_json_of_another_vocabulary_is_one_line(tmp_path):
+    from glm_port.models.chatglm2.weights import WeightsError
+    from glm_port.models.glm4.weights import load_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}}))
+    with pytest.raises(WeightsError, match="not a byte-level BPE vocabulary"):
+        load_tokenizer(tmp_path)
