@@ -119,7 +119,7 @@ FAMILIES: dict[str, Family] = {
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
                        tiny="glm_port.models.chatglm2.tiny"),
     "glm4": Family("glm4", "glm_port.models.glm4", "GLM4Config", "GLM4ForCausalLM", ("chatglm", "glm"),
-                   supports=frozenset({"static_cache", "quantize"}), quantize_keep=("*output_layer",),
+                   supports=frozenset({"tensor_parallel", "static_cache", "quantize"}), quantize_keep=("*output_layer",),
                    detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
                    chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny"),
 }

@@ -29,14 +29,41 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
 
     if tokenizer_type is not None:
         raise ValueError("--tokenizer-type is for GLM vocabularies; GLM-4 reads its tiktoken tokenizer.model")
-    if tensor_parallel is not None:
-        raise ValueError("the glm4 family does not support tensor parallelism")
+    if tensor_parallel is not None and getattr(tensor_parallel, "pipeline", None) is not None:
+        raise ValueError("the glm4 family does not support pipeline parallelism")
     config = check_directory(path)
     tokenizer = GLM4Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
     if len(tokenizer) > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({config.padded_vocab_size})")
+    if tensor_parallel is not None:
+        return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer
     return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
 
 
-__all__ = ["check_quantize", "cut_at_stop", "generate", "load"]
+class _Planned:
+    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked: ``weights.weight_plan``."""
+
+    def __init__(self, plan):
+        self.plan = dict(plan)
+
+    def __contains__(self, name) -> bool:
+        return name in self.plan
+
+    def __getitem__(self, name):
+        return self.plan[name]()
+
+
+def load_split(path, config, dtype=None, device="cpu"):
+    """The model built under the current tensor-parallel layout, each rank copying its slices of each tensor as it
+    is read (ChatGLM2's split rules: ``chatglm2.weights.load_tensor_parallel``), from either layout."""
+    from glm_port.models.chatglm2.weights import default_dtype, load_tensor_parallel
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+    from glm_port.models.glm4.weights import weight_plan
+
+    model = GLM4ForCausalLM(config)
+    load_tensor_parallel(model, _Planned(weight_plan(path, config)))
+    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
+
+
+__all__ = ["check_quantize", "cut_at_stop", "generate", "load", "load_split"]

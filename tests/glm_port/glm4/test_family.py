@@ -257,7 +257,6 @@ def test_generation_ends_at_any_of_the_configs_end_ids(model, tokenizer):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: the glm4 family does not support tensor parallelism"),
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2: the glm4 family does not support pipeline"),
     (["--quantize", "int4"], "int4 group size 128 does not divide the row of 64 input features"),
 ])
@@ -375,7 +374,7 @@ def test_the_commands_glm4_has_no_binding_for_refuse_it_in_one_line(dirs, tmp_pa
     from glm_port.convert import export, merge
     from glm_port.finetune.run import main as finetune
 
-    assert FAMILIES["glm4"].finetune is None and FAMILIES["glm4"].supports == {"static_cache", "quantize"}
+    assert FAMILIES["glm4"].finetune is None and FAMILIES["glm4"].supports == {"tensor_parallel", "static_cache", "quantize"}
     for command, argv in ((finetune, ["--model_name_or_path", dirs["thudm"], "--output_dir", str(tmp_path / "f")]),
                           (merge.main, [dirs["thudm"], str(tmp_path / "m")]),
                           (export.main, ["--model_name_or_path", dirs["thudm"], "--output_path", str(tmp_path / "e")])):
