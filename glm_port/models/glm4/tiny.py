@@ -7,7 +7,7 @@ out: the 256 single bytes first (rank = byte value), then each merged byte strin
 fourteen specials then take the ids after the ranks, as on the real vocabulary.
 
 ``build_tiny`` adds the model: GLM-4's layout (ChatGLM2's block, 2 key/value groups, ``rope_ratio`` 500) at
-``config.TINY``'s width, its vocabulary the tokenizer's padded to a multiple of 64, its end ids GLM-4's three
+``config.TINY``'s width, its vocabulary exactly the tokenizer's, its end ids GLM-4's three
 stops. Its weights are random: it talks nonsense, but every code path of the real model runs.
 ``write_directory`` saves a model and tokenizer as a GLM-4 directory, in THUDM's layout or transformers'.
 """
@@ -81,12 +81,12 @@ def build_tokenizer(directory: str | None = None, vocab_size: int = 1024) -> GLM
 
 
 def tiny_config(tokenizer: GLM4Tokenizer, **overrides):
-    """GLM-4's layout at ``TINY``'s sizes: the vocabulary ``len(tokenizer)`` padded up to a multiple of 64, generation
-    ending at the tokenizer's stop ids, padding with ``<|endoftext|>``."""
+    """GLM-4's layout at ``TINY``'s sizes: the vocabulary exactly ``len(tokenizer)`` (no padding rows: a random model
+    would sample them, and they decode to nothing), generation ending at the tokenizer's stop ids, padding with
+    ``<|endoftext|>``."""
     from glm_port.models.glm4.config import TINY, GLM4Config
 
-    vocab = -(-len(tokenizer) // 64) * 64
-    return GLM4Config(**{**TINY, "padded_vocab_size": vocab, "eos_token_id": list(tokenizer.stop_ids),
+    return GLM4Config(**{**TINY, "padded_vocab_size": len(tokenizer), "eos_token_id": list(tokenizer.stop_ids),
                          "pad_token_id": tokenizer.eos_token_id, **overrides})
 
 

@@ -424,3 +424,16 @@ def test_a_tokenizer_json_of_another_vocabulary_is_one_line(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}}))
     with pytest.raises(WeightsError, match="not a byte-level BPE vocabulary"):
         load_tokenizer(tmp_path)
+
+
+def test_the_embedded_tiny_glm4_samples_only_ids_its_tokenizer_decodes():
+    """The tiny model's vocabulary is its tokenizer's, with no padding rows: a random model samples every row, and
+    the tokenizer refuses ids it has no token for (glm-generate failed on them)."""
+    from glm_port.models.glm4.generation import generate
+    from glm_port.models.glm4.tiny import build_tiny
+
+    model, tok = build_tiny()
+    assert model.config.padded_vocab_size == len(tok)
+    torch.manual_seed(0)
+    results = generate(model, tok, ["hello", "你好"], max_new_tokens=48, do_sample=True, temperature=2.0)
+    assert all(max(r["generated_ids"][0], default=0) < len(tok) for r in results)
