@@ -4,10 +4,11 @@ speaks it (the ``chat`` binding of the glm4 family: ``chat_format``, ``encode_me
 
 A prompt is ``[gMASK]<sop>``, each message ``<|role|>{metadata}\\n{content}``, then ``<|assistant|>``
 (``GLM4Tokenizer.build_chat_input``; one user turn: ``[gMASK]<sop><|user|>\\n{query}<|assistant|>``). Generation
-stops at ``<|endoftext|>``, ``<|user|>`` or ``<|observation|>``. A reply is read back as THUDM's GLM-4
-``process_response`` reads it: one assistant message per ``<|assistant|>`` segment, ``metadata`` its first line;
-a segment with metadata is a tool call, ``{"name", "parameters"}`` when the conversation declared that function
-and the rest parses as JSON (``chat_format.parse_tool_call``; never evaluated), else ``{"name", "content"}``.
+stops at ``<|endoftext|>``, ``<|user|>`` or ``<|observation|>``. A reply is read back in messages as ChatGLM3's
+``process_response`` reads one (one assistant message per ``<|assistant|>`` segment, ``metadata`` its first line),
+with GLM-4's tool-call rule (THUDM's GLM-4 server, ``chat_format.parse_tool_call``): a segment with metadata is a
+call ``{"name", "parameters"}`` when the conversation declared that function and the rest parses as JSON (never
+evaluated), else ``{"name", "content"}``. (THUDM's GLM-4 ``modeling_chatglm.py`` was not at hand to compare.)
 
 The streaming, cache reuse and sampling defaults are ChatGLM2's (``glm_port.models.chatglm2.chat``): given
 the cache a previous turn returned, a turn prefills only ``build_chat_input(query, role=role)`` (``[gMASK]<sop>``
