@@ -15,8 +15,6 @@ from glm_port.models.glm4 import GLM4Config, GLM4ForCausalLM, GLM4Tokenizer
 from glm_port.models.glm4.tiny import tiny_config, write_directory
 from glm_port.models.glm4.weights import load_pretrained
 
-from ...conftest import generate_calls  # noqa: F401  (the fixture)
-
 torch.set_num_threads(1)
 IDS = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7, 88, 300, 2, 64]])
 
