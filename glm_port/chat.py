@@ -1,11 +1,15 @@
-"""``glm-chat``: a terminal chat with a ChatGLM2 / ChatGLM3 model, replies streamed as they are generated.
+"""``glm-chat``: a terminal chat with a ChatGLM2 / ChatGLM3 / GLM-4 model, replies streamed as they are generated.
 
     glm-chat                       # the embedded random-init tiny model (no downloads; talks nonsense)
     glm-chat --model chatglm2-6b/  # a THUDM directory (or one written by glm-convert --from transformers)
     glm-chat --model chatglm3-6b/ --system "You are ChatGLM3."   # ChatGLM3's role-token format, found by itself
+    glm-chat --model glm-4-9b-chat/  # GLM-4 (THUDM's directory, or transformers' glm-4-9b-chat-hf layout)
+    glm-chat --chat-format glm4      # the embedded random-init tiny GLM-4
 
 The chat format follows the tokenizer: ChatGLM2's ``[Round i]`` prompt, or ChatGLM3's role tokens when
-the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused).
+the directory is ChatGLM3's (``--chat-format`` overrides; ``chatglm3`` on a ChatGLM2 tokenizer is refused);
+GLM-4's (``glm4``) for a GLM-4 directory (its family's one format; ``--chat-format glm4`` with no ``--model``: the
+embedded tiny GLM-4).
 Commands at the prompt: ``/clear`` forgets the history (the system prompt stays), ``/exit`` (or end of input,
 or Ctrl-C) quits. Ctrl-C while a reply streams stops that reply and brings the prompt back, the conversation
 as before the turn. ``--temperature 0`` is greedy, as ``--greedy``. A line that is not UTF-8 is refused
@@ -13,7 +17,8 @@ with one line and the chat goes on; bad options are one line on stderr, exit sta
 
 The model's family is reached through the registry only (``glm_port.models``): a directory's family
 (``family_at``) and its ``conversation`` binding (``glm_port.models.contract.ConversationBinding``: load,
-``stream_chat``, the chat formats); the embedded model is the default family's ``tiny`` binding.
+``stream_chat``, the chat formats, whether a system prompt is taken); the embedded model is the ``tiny`` binding of
+the default family, or of the family whose conversation binding speaks the ``--chat-format`` asked for.
 
 The key/value cache is kept from turn to turn (THUDM's ``stream_chat(past_key_values=...)``), so a turn
 prefills only its own tokens; ``/clear`` drops it. ``--no-cache-reuse`` prefills the whole conversation,
@@ -33,13 +38,15 @@ import torch
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument, parse_dtype
 from glm_port.generation.text import bad_utf8, tolerant_stdin
-from glm_port.models import FAMILIES, TINY_FAMILY, Unsupported, WeightsError, family_at, family_for
+from glm_port.models import FAMILIES, TINY_FAMILY, WeightsError, family_at, family_of
 
 
-def chat_family(model_dir):
-    """The family glm-chat talks to for ``model_dir`` (None: the embedded model's): the directory's family
-    (``family_at``) where it has a ``conversation`` binding; else the embedded model's family, whose loader then
-    names in one line what is wrong with the directory (not a directory, another family's, not JSON...)."""
+def chat_family(model_dir, chat_format=None):
+    """The family glm-chat talks to for ``model_dir``: the directory's family (``family_at``) where it has a
+    ``conversation`` binding; else the embedded model's family, whose loader then names in one line what is wrong
+    with the directory (not a directory, another family's, not JSON...). With no directory (the embedded model):
+    the default family, or, for a ``chat_format`` it does not speak, the first family with a ``tiny`` binding whose
+    ``conversation`` binding speaks it (``--chat-format glm4``: GLM-4's)."""
     if model_dir is not None:
         try:
             family = family_at(model_dir)
@@ -47,12 +54,19 @@ def chat_family(model_dir):
             family = None
         if family is not None and family.conversation is not None:
             return family
+        return FAMILIES[TINY_FAMILY]
+    embedded = [FAMILIES[TINY_FAMILY]] + [f for f in FAMILIES.values() if f.name != TINY_FAMILY]
+    for family in embedded:
+        if family.tiny is not None and family.conversation is not None and (
+                chat_format is None or chat_format in family.binding("conversation").CHAT_FORMATS):
+            return family
     return FAMILIES[TINY_FAMILY]
 
 
 def conversation_of(model):
-    """The ``conversation`` binding of ``model``'s family (its config's ``model_type``)."""
-    return family_for(model.config.model_type).binding("conversation")
+    """The ``conversation`` binding of ``model``'s family (``models.family_of``: its class, its config's
+    ``model_type``)."""
+    return family_of(model).binding("conversation")
 
 
 def chat_formats() -> tuple[str, ...]:
@@ -72,23 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     DEFAULTS = FAMILIES[TINY_FAMILY].binding("conversation").DEFAULTS  # the embedded model's family's (THUDM's)
     parser = argparse.ArgumentParser(
         prog="glm-chat",
-        description="Terminal chat with a ChatGLM2/ChatGLM3 model, replies streamed as they are generated, in the "
-        "model's own chat format (ChatGLM2's [Round i] prompt or ChatGLM3's role tokens). "
+        description="Terminal chat with a ChatGLM2/ChatGLM3/GLM-4 model, replies streamed as they are generated, in "
+        "the model's own chat format (ChatGLM2's [Round i] prompt, ChatGLM3's or GLM-4's role tokens). "
         "At the prompt: /clear forgets the conversation, /exit quits.",
     )
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="ChatGLM2/ChatGLM3 directory (config.json, weights, tokenizer.model); default: the "
-                        "embedded random-init tiny model, built on the fly with no downloads")
+                        help="ChatGLM2/ChatGLM3 or GLM-4 directory (config.json, weights, tokenizer.model); default: "
+                        "the embedded random-init tiny model, built on the fly with no downloads")
     parser.add_argument("--ptuning_checkpoint", "--ptuning-checkpoint", metavar="DIR", default=None,
                         help="a P-Tuning v2 checkpoint (THUDM ptuning/'s or glm-finetune --pre_seq_len's output: "
                         "pytorch_model.bin of transformer.prefix_encoder.*, config.json) run on --model, its base "
                         "(default: none)")
     parser.add_argument("--chat-format", choices=chat_formats(), default=None,
-                        help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens. "
+                        help="chatglm2: '[Round i] 问：... 答：' prompts; chatglm3: <|user|>/<|assistant|> role tokens; "
+                        "glm4: GLM-4's (a GLM-4 directory's only format; with no --model, the embedded tiny GLM-4). "
                         "default: what the directory's tokenizer files say (ChatGLM3's name it), chatglm2 for the "
                         "embedded model")
     parser.add_argument("--system", metavar="TEXT", default=None,
-                        help="ChatGLM3 only: a system prompt, the first message of every conversation (default: none)")
+                        help="ChatGLM3 and GLM-4: a system prompt, the first message of every conversation (default: "
+                        "none)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where the model runs: cpu, cuda, cuda:1 ... (default: cuda when a GPU is there, else "
                              "cpu)")
@@ -139,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load(model_dir, device="cpu", dtype=None, chat_format=None, ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a directory, or the embedded tiny model when ``model_dir`` is None.
-    ``chat_format`` None: the directory's own (the embedded model: chatglm2). ``ptuning_checkpoint``: a
-    P-Tuning v2 prefix for the directory's model (refused for a family without prefix tuning)."""
-    family = chat_family(model_dir)
+    ``chat_format`` None: the directory's own (the embedded model: chatglm2's; ``chat_family`` says which family's
+    tiny model another format gets). ``ptuning_checkpoint``: a P-Tuning v2 prefix for the directory's model
+    (refused for a family without prefix tuning)."""
+    family = chat_family(model_dir, chat_format)
     if model_dir is None:
         model, tokenizer = family.binding("tiny").build_tiny(**({"chat_format": chat_format} if chat_format else {}))
         return model.to(device=device, dtype=dtype or torch.float32), tokenizer
@@ -281,19 +298,21 @@ def _main(argv=None) -> int:
         return 2
     if args.seed is not None:
         torch.manual_seed(args.seed)
+    family = chat_family(args.model, args.chat_format)
     try:
-        if args.quantize and args.model is not None:  # a group size that does not divide a row, before loading
-            chat_family(args.model).binding("conversation").check_quantize(args.model, args.quantize,
-                                                                           args.quantize_group_size)
+        if args.quantize:  # refused by a family without it, and a group size that does not divide a row, before loading
+            family.require((f"--quantize {args.quantize}", "quantize"))
+            if args.model is not None:
+                family.binding("conversation").check_quantize(args.model, args.quantize, args.quantize_group_size)
         model, tokenizer = load(args.model, args.device, parse_dtype(args.dtype), args.chat_format,
                                 args.ptuning_checkpoint)
-    except (WeightsError, Unsupported, OSError) as exc:
-        print(f"glm-chat: error: {exc}", file=sys.stderr)
+    except (WeightsError, OSError, ValueError) as exc:  # a family refusing a flag (Unsupported) too
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"glm-chat: error: {message}", file=sys.stderr)
         return 2
-    family = family_for(model.config.model_type)
-    conversation_binding = family.binding("conversation")
+    conversation_binding = family.binding("conversation")  # the family that loaded the model
     if args.system is not None and not conversation_binding.accepts_system(tokenizer):
-        print(f"glm-chat: error: --system needs ChatGLM3's chat format (this model's is "
+        print(f"glm-chat: error: --system needs ChatGLM3's chat format or GLM-4's (this model's is "
               f"{conversation_binding.chat_format(tokenizer)}; see --chat-format)", file=sys.stderr)
         return 2
     if args.quantize:  # in place of the CPU repacking

@@ -74,6 +74,16 @@ class Family:
     hf: str | None = None
     # ``fnmatch`` patterns of linear layers ``--quantize`` keeps in float (THUDM keeps ChatGLM2's output layer).
     quantize_keep: tuple[str, ...] = ()
+    # ``"module:function"``, called as ``function(directory, config) -> bool`` (``config``: the parsed config.json)
+    # before ``model_type`` is looked at: True claims the directory (GLM-4 and ChatGLM2 share "chatglm").
+    detect: str | None = None
+
+    def claims(self, directory: Path, config: dict) -> bool:
+        """Whether this family's ``detect`` hook claims the directory (False without one)."""
+        if self.detect is None:
+            return False
+        module, _, function = self.detect.partition(":")
+        return bool(getattr(importlib.import_module(module), function)(directory, config))
 
     def __post_init__(self):
         unknown = set(self.supports) - set(FEATURES)
@@ -132,6 +142,11 @@ FAMILIES: dict[str, Family] = {
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
                        tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",
                        weights="glm_port.models.chatglm2.weights", convert="glm_port.models.chatglm2.convert"),
+    "glm4": Family("glm4", "glm_port.models.glm4", "GLM4Config", "GLM4ForCausalLM", ("chatglm", "glm"),
+                   supports=frozenset({"tensor_parallel", "static_cache", "quantize"}), quantize_keep=("*output_layer",),
+                   detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
+                   chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny",
+                   conversation="glm_port.models.glm4.conversation", weights="glm_port.models.glm4.weights"),
 }
 TINY_FAMILY = "chatglm2"  # the family of the embedded model a command runs with no weights given
 
@@ -145,8 +160,20 @@ def family_for(model_type: str | None) -> Family:
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family
-    known = ", ".join(t for f in FAMILIES.values() for t in f.model_types)
+    known = ", ".join(dict.fromkeys(t for f in FAMILIES.values() for t in f.model_types))
     raise UnknownFamily(f"unknown model family {model_type!r} in config.json; this version reads: {known}")
+
+
+def family_of(model) -> Family:
+    """The family of a loaded ``model``: the family reading its config's ``model_type``; where several do (GLM-4 and
+    ChatGLM2 share "chatglm"), the one whose model class ``model`` is (GLM-4's subclasses ChatGLM2's)."""
+    model_type = getattr(model.config, "model_type", None)
+    readers = [family for family in FAMILIES.values() if model_type in family.model_types]
+    if len(readers) > 1:
+        exact = [family for family in readers if type(model) is family.load(family.model_class)]
+        if exact:
+            return exact[0]
+    return readers[0] if readers else family_for(model_type)
 
 
 def build_tiny(family: str = TINY_FAMILY, **kwargs):
@@ -173,7 +200,8 @@ def register(family: Family) -> None:
 
 
 def family_at(path) -> Family:
-    """The family of the weights at ``path``: its (or its folder's) ``config.json``'s ``model_type``; for
+    """The family of the weights at ``path``: the family whose ``detect`` hook claims its (or its folder's)
+    directory, else that ``config.json``'s ``model_type``; for
     tensor-parallel shards without one, the ``model_type`` of the config the shards carry (glm-finetune's
     ChatGLM2 shards); GLM where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain checkpoints)."""
     path = Path(path)
@@ -181,9 +209,14 @@ def family_at(path) -> Family:
         config = directory / "config.json"
         if config.is_file():
             try:
-                model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+                raw = json.loads(config.read_text(encoding="utf-8"))
             except json.JSONDecodeError as error:
                 raise ValueError(f"{config}: not valid JSON ({error.msg})") from None
+            raw = raw if isinstance(raw, dict) else {}
+            claimed = next((f for f in FAMILIES.values() if f.claims(directory, raw)), None)
+            if claimed is not None:
+                return claimed
+            model_type = raw.get("model_type")
             return family_for(model_type) if model_type else FAMILIES["glm"]
     from glm_port.checkpoint_io import SHARDED_STATE, is_sharded_checkpoint, model_file_name, saved_config, shard_directory
 

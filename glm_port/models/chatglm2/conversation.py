@@ -21,6 +21,9 @@ def load(directory, *, device="cpu", dtype=None, chat_format=None, ptuning_check
     (``weights.read_ptuning_checkpoint``). The directory (family, shards, weight names, the prefix's fit) and the
     chat format are checked before the tokenizer and the weights are read: a one-line ``WeightsError``."""
     config = check_directory(directory, quantized=True, ptuning_checkpoint=ptuning_checkpoint)
+    if chat_format is not None and chat_format not in CHAT_FORMATS:  # another family's (glm4)
+        raise WeightsError(f"--chat-format {chat_format}: {directory} is a chatglm2 model, whose chat formats are "
+                           f"{', '.join(CHAT_FORMATS)}")
     if chat_format == "chatglm3" and detect_chat_format(directory) != "chatglm3":
         # ChatGLM3's role tokens would be numbered after ChatGLM2's five specials: rows ChatGLM2 never trained
         raise WeightsError(f"--chat-format chatglm3: {directory}'s tokenizer is ChatGLM2's, which has no "

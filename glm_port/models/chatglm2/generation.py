@@ -60,8 +60,10 @@ def cut_at_stop(tokenizer, ids: list[int], stops) -> tuple[list[int], str]:
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, batch_size: int = 8,
              **generate_kwargs) -> list[dict]:
     """One result per prompt (per returned sequence): ``prompt``, ``text`` (prompt + continuation),
-    ``generated_ids`` (one span: the new tokens before ``</s>``), ``marked``, ``sequence``."""
+    ``generated_ids`` (one span: the new tokens before ``</s>``, or before the first of the config's end ids when it
+    lists several, as GLM-4's does), ``marked``, ``sequence``."""
     eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    ends = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     generate_kwargs.setdefault("eos_token_id", eos)
     generate_kwargs.setdefault("pad_token_id", pad)
     stops = list(generate_kwargs.get("stop_strings") or [])
@@ -87,7 +89,7 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 64, 
         for row, sequence in enumerate(output.tolist()):
             prompt = batch[row // per_prompt]
             new = sequence[length:]
-            new = new[:new.index(eos)] if eos in new else new
+            new = next((new[:i] for i, token in enumerate(new) if token in ends), new)
             completion = tokenizer.decode(new)
             if stops and any(stop in completion for stop in stops):
                 new, completion = cut_at_stop(tokenizer, new, stops)

@@ -185,7 +185,13 @@ def check_quantize(path, mode, group_size) -> None:
     the row of a linear ``Family.quantize`` would replace (the layers' four; the output layer is kept)."""
     if mode != "int4":
         return
-    config = check_directory(path, quantized=True)
+    check_quantize_rows(check_directory(path, quantized=True), mode, group_size)
+
+
+def check_quantize_rows(config, mode, group_size) -> None:
+    """``check_quantize`` on a config already read (a ChatGLM2-layout config: GLM-4's too)."""
+    if mode != "int4":
+        return
     group = group_size or 128
     rows = {"self_attention.query_key_value": config.hidden_size,
             "self_attention.dense": config.num_attention_heads * config.kv_channels,

@@ -1,8 +1,25 @@
-"""GLM-4-9B (THUDM ``glm-4-9b-chat`` / ``glm-4-9b``): its tiktoken tokenizer and chat format so far (docs/glm4.md).
+"""GLM-4-9B (THUDM ``glm-4-9b-chat`` / ``glm-4-9b``): glm_port's third model family (docs/glm4.md).
 
-Not registered as a family yet: the model, weights and family declaration come with issue 27's contract.
+ChatGLM2's network (``glm_port.models.chatglm2``) with GLM-4's config (``rope_ratio``), its tiktoken tokenizer
+and chat format. Directories are told from ChatGLM2's by ``detect.is_glm4`` (both say ``model_type: chatglm``);
+transformers' native ``GlmForCausalLM`` layout (``model_type: glm``) loads too.
+
+The classes load on first use, so that the registry's ``detect`` hook (``glm_port.models.glm4.detect``, run by
+``models.family_at`` on every directory) loads no model or tokenizer code (tiktoken, ChatGLM2's model).
 """
 
-from glm_port.models.glm4.tokenizer import GLM4Tokenizer
+import importlib
 
-__all__ = ["GLM4Tokenizer"]
+FAMILY = "glm4"
+MODEL_TYPES = ("chatglm", "glm")  # config.json "model_type" values of GLM-4 directories (THUDM's, transformers')
+_LAZY = {"GLM4Config": "glm_port.models.glm4.config", "GLM4ForCausalLM": "glm_port.models.glm4.model",
+         "GLM4Tokenizer": "glm_port.models.glm4.tokenizer"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["FAMILY", "GLM4Config", "GLM4ForCausalLM", "GLM4Tokenizer", "MODEL_TYPES"]

@@ -1,10 +1,15 @@
-"""A small GLM-4-shaped tokenizer built on the fly, for tests and the embedded default (no download).
+"""The embedded tiny GLM-4: a small tokenizer built on the fly and a random-init model of GLM-4's layout (no download).
 
 A byte-level BPE is trained in a second with the ``tokenizers`` library on text shipped with glm_port (the
 English default corpus and the Chinese chat lines of the ChatGLM2 tiny model), split before merging by
 GLM-4's own pattern (``PAT_STR``). Its merges are written as a tiktoken rank file the way GLM-4's is laid
 out: the 256 single bytes first (rank = byte value), then each merged byte string in merge order. The
 fourteen specials then take the ids after the ranks, as on the real vocabulary.
+
+``build_tiny`` adds the model: GLM-4's layout (ChatGLM2's block, 2 key/value groups, ``rope_ratio`` 500) at
+``config.TINY``'s width, its vocabulary exactly the tokenizer's, its end ids GLM-4's three
+stops. Its weights are random: it talks nonsense, but every code path of the real model runs.
+``write_directory`` saves a model and tokenizer as a GLM-4 directory, in THUDM's layout or transformers'.
 """
 
 from __future__ import annotations
@@ -75,4 +80,64 @@ def build_tokenizer(directory: str | None = None, vocab_size: int = 1024) -> GLM
     return GLM4Tokenizer(build_rank_file(directory, vocab_size))
 
 
-__all__ = ["CHINESE", "NAME", "build_rank_file", "build_tokenizer", "corpus_lines", "train_ranks"]
+def tiny_config(tokenizer: GLM4Tokenizer, **overrides):
+    """GLM-4's layout at ``TINY``'s sizes: the vocabulary exactly ``len(tokenizer)`` (no padding rows: a random model
+    would sample them, and they decode to nothing), generation ending at the tokenizer's stop ids, padding with
+    ``<|endoftext|>``."""
+    from glm_port.models.glm4.config import TINY, GLM4Config
+
+    return GLM4Config(**{**TINY, "padded_vocab_size": len(tokenizer), "eos_token_id": list(tokenizer.stop_ids),
+                         "pad_token_id": tokenizer.eos_token_id, **overrides})
+
+
+def build_tiny(directory: str | None = None, seed: int = 0, chat_format: str | None = None, **overrides):
+    """``(model, tokenizer)``: the embedded random-init GLM-4 (eval mode, fp32) and its tokenizer (rank file trained
+    into ``directory``, a temporary one if None). ``chat_format``: None or "glm4" (GLM-4 has one format)."""
+    import torch
+
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    if chat_format not in (None, "glm4"):
+        raise ValueError(f"chat format {chat_format!r}: the glm4 family speaks GLM-4's only ('glm4')")
+    tokenizer = build_tokenizer(directory)
+    config = tiny_config(tokenizer, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GLM4ForCausalLM(config)
+    return model.eval(), tokenizer
+
+
+def write_directory(model, tokenizer, directory, layout: str = "thudm") -> str:
+    """Save ``model`` and ``tokenizer`` as a GLM-4 directory: ``layout="thudm"`` as THUDM publishes glm-4-9b-chat
+    (``model_type: chatglm``, THUDM's tensor names), ``"transformers"`` as transformers' ``GlmForCausalLM``
+    (``model_type: glm``, its names; ``chatglm2.convert``'s mapping). The tokenizer's ``tokenizer.model`` and
+    ``tokenizer_config.json`` go with either. Returns the directory."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if layout == "thudm":
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(directory)
+    elif layout == "transformers":
+        from glm_port.models.chatglm2.convert import to_glm_config, to_glm_plan
+
+        class Source(dict):  # to_glm_plan's source: tensors by THUDM's names
+            directory = "<memory>"
+
+        glm = {name: read().contiguous() for name, read in to_glm_plan(model.config, Source(state))}
+        save_file(glm, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        glm_config = to_glm_config(model.config)
+        glm_config.architectures = ["GlmForCausalLM"]
+        glm_config.save_pretrained(directory)
+    else:
+        raise ValueError(f"layout {layout!r}: expected 'thudm' or 'transformers'")
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+__all__ = ["CHINESE", "NAME", "build_rank_file", "build_tiny", "build_tokenizer", "corpus_lines", "tiny_config",
+           "train_ranks", "write_directory"]

@@ -113,6 +113,35 @@ def write_rank_file(ranks: dict[bytes, int], path) -> str:
     return str(path)
 
 
+def ranks_from_tokenizer_json(path) -> dict[bytes, int]:
+    """The tiktoken ranks behind a ``tokenizer.json`` made from a GLM-4 rank file (transformers'
+    ``TikTokenConverter``, as glm-4-9b-chat-hf's is): its byte-level BPE vocabulary, each token's bytes at its id.
+    A ValueError (one line) for a file that is not such a tokenizer: not byte-level BPE, another pre-split
+    pattern, ids that are not 0..n-1, or GLM-4's specials missing or at other ids than n + i."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        model, added = data["model"], data.get("added_tokens") or []
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a tokenizers file ({type(error).__name__}: {error})") from None
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise ValueError(f"{path}: not a byte-level BPE vocabulary, as GLM-4's is")
+    patterns = json.dumps(data.get("pre_tokenizer"))
+    if json.dumps(PAT_STR)[1:-1] not in patterns:
+        raise ValueError(f"{path}: its pre-tokenizer does not split with GLM-4's pattern")
+    specials = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
+    try:
+        ranks = {token_bytes(token): int(i) for token, i in model["vocab"].items() if token not in specials}
+    except KeyError:
+        raise ValueError(f"{path}: a vocabulary token is not byte-level (GPT-2's byte alphabet)") from None
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{path}: the vocabulary's ids are not 0..{len(ranks) - 1}, each once")
+    for i, token in enumerate(SPECIAL_TOKENS):
+        if specials.get(token) != len(ranks) + i:
+            raise ValueError(f"{path}: {token!r} is at id {specials.get(token)}, GLM-4's is {len(ranks) + i} "
+                             f"({len(ranks)} ranks)")
+    return ranks
+
+
 def function_tool(tool: dict) -> dict:
     """A tool as the chat template takes it: ``{"type": "function", "function": {...}}`` (a bare function
     dict, as the first build_chat_input took, is wrapped)."""
@@ -131,6 +160,7 @@ class GLM4Tokenizer(PreTrainedTokenizer):
 
     vocab_files_names = {"vocab_file": "tokenizer.model"}
     model_input_names = ["input_ids", "attention_mask"]
+    chat_format = "glm4"  # GLM-4's one chat format (glm-chat, glm-serve read it as ChatGLM2's tokenizers say theirs)
 
     def __init__(self, vocab_file, padding_side="left", clean_up_tokenization_spaces=False, chat_template=None,
                  **kwargs):
@@ -299,4 +329,4 @@ class GLM4Tokenizer(PreTrainedTokenizer):
 
 __all__ = ["CHAT_TEMPLATE", "EOS_TOKEN", "GLM4Tokenizer", "PAT_STR", "PREFIX_TOKENS", "ROLES", "SPECIAL_TOKENS",
            "STOP_TOKENS", "TOOLS_HEADER", "TOOLS_PREAMBLE", "TOOL_INSTRUCTION", "as_messages", "function_tool",
-           "read_rank_file", "token_bytes", "token_string", "write_rank_file"]
+           "ranks_from_tokenizer_json", "read_rank_file", "token_bytes", "token_string", "write_rank_file"]

@@ -68,6 +68,18 @@ def test_chatglm3_format_on_a_chatglm2_tokenizer_is_refused(tmp_path, capsys, ma
                           "has no <|system|>/<|user|>") and "\n" not in err, err
 
 
+def test_another_familys_chat_format_on_a_chatglm2_directory_is_refused(tmp_path, capsys, make_model, write_thudm):
+    """``--chat-format glm4`` (GLM-4's conversation binding's) on a ChatGLM2 directory: one line, before loading."""
+    from glm_port.models.chatglm2.tiny import build_tokenizer
+
+    model_dir = write_thudm(make_model(padded_vocab_size=1024), tmp_path / "glm2", shards=1)
+    build_tokenizer(str(model_dir))
+    assert glm_chat.main(["--model", str(model_dir), "--chat-format", "glm4", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"glm-chat: error: --chat-format glm4: {model_dir} is a chatglm2 model, whose chat formats are "
+                   "chatglm2, chatglm3"), err
+
+
 @pytest.mark.parametrize("field, value", [("pre_seq_len", 128)])
 def test_unsupported_config_is_one_line_in_every_loader(tmp_path, capsys, make_model, write_thudm, field, value):
     from glm_port.convert import merge, native

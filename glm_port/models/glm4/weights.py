@@ -1,0 +1,181 @@
+"""Reading a GLM-4 directory: THUDM's layout (``model_type: chatglm``, ChatGLM2's tensor names) or transformers'
+native ``GlmForCausalLM`` layout (``model_type: glm``, glm-4-9b-chat-hf), with one-line errors.
+
+Both are read tensor by tensor across shards (``chatglm2.weights.TensorSource``: safetensors or ``.bin``, one
+file or an index), each cast to the asked dtype as it is read, into a model built on the meta device. The
+transformers layout is mapped to THUDM's names by ``chatglm2.convert.from_glm_plan`` (``q|k|v_proj`` joined into
+``query_key_value``; ``gate_up_proj`` is ``dense_h_to_4h`` as it is) and its config by
+``chatglm2.convert.from_glm_config`` (``rope_theta`` = 10000 x ``rope_ratio``, ``partial_rotary_factor`` 0.5).
+A weight missing or left over is a ``WeightsError`` naming it before the model is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from glm_port.models import WeightsError
+from glm_port.models.chatglm2.weights import IGNORED_KEYS, TensorSource, default_dtype, read_config_json
+from glm_port.models.glm4.config import GLM4Config
+from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
+
+
+def read_config(directory) -> GLM4Config:
+    """The directory's ``GLM4Config`` (THUDM's fields, or transformers' ``GlmConfig`` mapped); a one-line
+    ``WeightsError`` when the directory is not GLM-4's or asks for what this port does not run."""
+    raw = read_config_json(directory)
+    path = Path(directory) / "config.json"
+    if not is_glm4(directory, raw):
+        raise WeightsError(f"{path}: not a GLM-4 directory (model_type {raw.get('model_type')!r}; GLM-4's is 'chatglm' "
+                           f"with a tiktoken tokenizer.model, or transformers' 'glm' GlmForCausalLM)")
+    try:
+        if is_transformers_glm(raw):
+            from glm_port.models.chatglm2.convert import from_glm_config
+
+            mapped = from_glm_config(raw).to_dict()
+            config = GLM4Config(**{k: v for k, v in mapped.items() if k not in ("model_type", "transformers_version")})
+        else:
+            config = GLM4Config.from_pretrained(directory)
+        config.check_supported()
+    except WeightsError as error:
+        raise WeightsError(f"{path}: {error}") from None
+    except (ValueError, TypeError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{path}: {reason}") from None
+    return config
+
+
+def weight_plan(directory, config: GLM4Config) -> list[tuple[str, object]]:
+    """``[(our tensor name, function reading it)]`` for the directory's layout."""
+    source = TensorSource(directory)
+    if is_transformers_glm(read_config_json(directory)):
+        from glm_port.models.chatglm2.convert import from_glm_plan
+
+        return from_glm_plan(config, source)
+    return [(name, lambda name=name: source[name]) for name in source.keys()
+            if not name.endswith(IGNORED_KEYS)]
+
+
+class PlannedWeights:
+    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked (``weight_plan``)."""
+
+    def __init__(self, plan):
+        self.plan = dict(plan)
+
+    def __contains__(self, name) -> bool:
+        return name in self.plan
+
+    def __iter__(self):
+        return iter(self.plan)
+
+    def keys(self):
+        return self.plan.keys()
+
+    def __getitem__(self, name):
+        return self.plan[name]()
+
+
+def open_weights(directory, config: GLM4Config | None = None) -> PlannedWeights:
+    """The directory's tensors by THUDM's names (either layout), each read lazily when asked (the weights binding's
+    ``open_weights``; ``generation.load_split`` copies each rank's slices from it); ``config``: its config already
+    read."""
+    return PlannedWeights(weight_plan(directory, config or read_config(directory)))
+
+
+def _expected(config: GLM4Config) -> dict[str, torch.Size]:
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    with torch.device("meta"):
+        return {k: v.shape for k, v in GLM4ForCausalLM(config).state_dict().items()}
+
+
+def check_directory(directory) -> GLM4Config:
+    """Everything checkable without reading a tensor: GLM-4's config, the shards present, no weight missing
+    or left over."""
+    config = read_config(directory)
+    names = {name for name, _ in weight_plan(directory, config)}
+    expected = _expected(config)
+    missing = sorted(set(expected) - names)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint{more}")
+    unexpected = sorted(names - set(expected))
+    if unexpected:
+        raise WeightsError(f"{directory}: unexpected weight {unexpected[0]} (not a GLM-4 of this config?)")
+    return config
+
+
+def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None):
+    """``GLM4ForCausalLM`` from a GLM-4 directory (either layout), tensor by tensor to ``dtype`` (default: fp32 on
+    CPU, bf16 on an accelerator) on ``device``, eval mode; ``quantize`` ("int8"/"int4"): the linears quantized
+    after loading (``Family.quantize``; the output layer kept in float)."""
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    dtype = dtype or default_dtype(device)
+    config = check_directory(directory)
+    expected = _expected(config)
+    with torch.device("meta"):
+        model = GLM4ForCausalLM(config)
+    state = {}
+    for name, read in weight_plan(directory, config):
+        tensor = read()
+        if list(tensor.shape) != list(expected[name]):
+            raise WeightsError(f"{directory}: {name} is {list(tensor.shape)}, the config gives "
+                               f"{list(expected[name])}")
+        state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
+    model.load_state_dict(state, strict=True, assign=True)
+    model = model.to(device=device).eval()
+    if quantize is not None:
+        from glm_port.models import FAMILIES
+
+        FAMILIES["glm4"].quantize(model, quantize, group_size)
+    return model
+
+
+def load_tokenizer(directory):
+    """The directory's ``GLM4Tokenizer``: THUDM's tiktoken ``tokenizer.model`` (its ``tokenizer_config.json``'s chat
+    template when it has one), or, without one, the ranks behind a ``tokenizer.json`` (glm-4-9b-chat-hf's,
+    ``tokenizer.ranks_from_tokenizer_json``), written as a rank file into a temporary directory, with the
+    directory's chat template (``tokenizer_config.json``'s, or ``chat_template.jinja``)."""
+    from glm_port.models.glm4.tokenizer import GLM4Tokenizer
+
+    path = Path(directory) / "tokenizer.model"
+    if not path.is_file() and (Path(directory) / "tokenizer.json").is_file():
+        return _from_tokenizer_json(Path(directory))
+    if not path.is_file():
+        raise WeightsError(f"{path}: missing (GLM-4 reads THUDM's tiktoken tokenizer.model, or a tokenizer.json)")
+    if not is_rank_file(path):
+        raise WeightsError(f"{path}: not a tiktoken rank file ('base64 rank' lines), as GLM-4's is")
+    try:
+        return GLM4Tokenizer.from_pretrained(str(directory))
+    except ValueError as error:
+        raise WeightsError(str(error).strip().splitlines()[0]) from None
+
+
+def _from_tokenizer_json(directory: Path):
+    import json
+    import tempfile
+
+    from glm_port.models.glm4.tokenizer import GLM4Tokenizer, ranks_from_tokenizer_json, write_rank_file
+
+    try:
+        ranks = ranks_from_tokenizer_json(directory / "tokenizer.json")
+    except ValueError as error:
+        raise WeightsError(str(error)) from None
+    template = None
+    config = directory / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except ValueError:
+            raise WeightsError(f"{config}: not valid JSON") from None
+    jinja = directory / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    vocab = write_rank_file(ranks, Path(tempfile.mkdtemp(prefix="glm4-tokenizer-")) / "tokenizer.model")
+    return GLM4Tokenizer(vocab, chat_template=template if isinstance(template, str) else None)
+
+
+__all__ = ["PlannedWeights", "WeightsError", "check_directory", "load_pretrained", "load_tokenizer", "open_weights",
+           "read_config", "weight_plan"]
