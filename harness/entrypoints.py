@@ -195,8 +195,6 @@ ENTRY_POINTS = {
 }
 
 
-# other data readers and patterns on the same loop, one process only
-SUPERGLUE_ONE_PROCESS = ("boolq", "cb", "wic")
 # CLUE: the Chinese model's tokenizer flags (config_tasks/model_blocklm_large_chinese.sh), on a checkpoint
 # pretrained with them (pretrained_checkpoint(..., chinese=True)); upstream reads its SentencePiece model
 # from chinese_sentencepiece/cog-pretrain.model in the tree (THUDM/GLM ships it)
@@ -215,15 +213,19 @@ SUPERGLUE_EXTRA = {"wsc": ["--loss-func", "mix", "--wsc-negative", "--length-pen
                    # verbalizer check: "AssertionError: Verbalization "居家" does not correspond to a single
                    # token" (the shipped chinese_sentencepiece model splits it); multi-token cloze takes it
                    "tnews": ["--multi-token"]}
-# seq2seq's other tasks (config_tasks/seq_*.sh) and the zero-shot scripts: one process (seq2seq's tp2 run covers
-# the model-parallel path of their shared finetuning and beam search)
+# seq2seq's tasks (config_tasks/seq_*.sh)
 SEQ2SEQ_TASKS = {"seq2seq": "cnn_dm_original", "xsum": "xsum", "gigaword": "gigaword",
                  "squad_generation": "squad_generation", "squad": "squad", "squad_v1": "squad_v1", "blank": "blank",
                  "customization": "customization"}
-ONE_PROCESS = ("resume", "change_mp", "convert", *SUPERGLUE_ONE_PROCESS, "xsum", "gigaword", "squad_generation", "squad", "squad_v1",
-               "blank", "customization", "zero_lm", "zero_lm_uni", "lambada_uni", "multichoice")  # fmt: skip
+# not distributed: change_mp.py and the converter are one-process scripts (no torch.distributed, no mpu);
+# every other entry point runs at --model-parallel-size 2 too
+ONE_PROCESS = ("change_mp", "convert")
 # the modes each entry point runs in: "1" one process; "tp2" torchrun 2 with --model-parallel-size 2
 MODES = {name: ("1",) if name in ONE_PROCESS else ("1", "tp2") for name in ENTRY_POINTS}
+# --deepspeed (scripts/ds_*.sh, config/ds_block_*.sh, task_record.sh): DeepSpeed's engine where it is installed
+# (the opt-in tests/e2e/test_upstream_deepspeed.py): pretraining (resume: --save, then --load, both through the
+# engine's own checkpoints) and SuperGLUE RTE's finetuning, each from a config write_deepspeed_config writes
+DEEPSPEED_ENTRIES = ("resume", "superglue")
 # upstream's scripts that are not entry points here, and why (they need what cannot be had)
 NOT_RUN = {
     "scripts/evaluate_seq2seq.sh": "not Python: Stanford CoreNLP's PTBTokenizer (Java, a jar from stanford.edu) and "
@@ -231,14 +233,44 @@ NOT_RUN = {
                                    "ROUGE of the same hypotheses is compared in the seq2seq runs",
 }
 # Failures that are upstream's own, on any hardware, and the same on both sides: (entry, mode) -> the error.
-# seq2seq's beam search (tasks/seq2seq/evaluate.py, DecoderEvaluater) takes the model's vocab-parallel
-# logits as the whole vocabulary: MinLengthLogitsProcessor indexes the eos id past this rank's half.
+# Model parallel, every seq2seq task: tasks/seq2seq/finetune.py:147 calls finetune() without a model_type, so
+# train_utils.py:85-86 leave parallel_output=True and GLMModel (model/modeling_glm.py:130-131) returns this rank's
+# vocab-parallel logits (seq2seq's training loss takes them to mpu.vocab_parallel_cross_entropy, rightly); the beam
+# search (tasks/seq2seq/evaluate.py:294-325, DecoderEvaluater; :436-451, BlankLMEvaluater) takes them as the whole
+# vocabulary, and MinLengthLogitsProcessor (generation_utils.py:440, ``scores[:, self.eos_token_id] = -inf``) indexes
+# eop (30523) past the rank's part (30524 padded to 30592, a multiple of 128 * 2: 15296 a rank).
 # seq_squad.sh: finetune_glm.py sends --task squad to tasks/superglue (its PROCESSORS lists "squad", tried before the
 # seq2seq tasks), whose only squad metric is accuracy; the script's --validation-metric F1 is not one of them.
+SEQ2SEQ_TP2 = "IndexError: index 30523 is out of bounds for dimension 1 with size 15296"
 UPSTREAM_DEFECTS = {
-    ("seq2seq", "tp2"): "IndexError: index 30523 is out of bounds for dimension 1 with size 15296",
+    **{(name, "tp2"): SEQ2SEQ_TP2 for name in SEQ2SEQ_TASKS if name != "squad"},
     ("squad", "1"): "KeyError: 'F1'",
+    ("squad", "tp2"): "KeyError: 'F1'",
 }
+
+
+def write_deepspeed_config(path: Path, name: str) -> Path:
+    """A DeepSpeed config for entry point ``name`` (:data:`DEEPSPEED_ENTRIES`) in the layout of upstream's
+    (``config_tasks/config_blocklm_10B.json``, ``config/config_block_base.json``), scaled to the tiny runs:
+    its micro batch, learning rate and weight decay are the entry point's own flags (upstream's ``arguments.py``
+    reads them from this file when ``--deepspeed`` is given). Left out, for the CPU: ``fp16`` (the tiny runs are
+    fp32) and ZeRO's ``cpu_offload`` (its DeepSpeedCPUAdam is a C++ op DeepSpeed compiles); ``torch_adam``, so that
+    DeepSpeed's ``Adam`` is torch's AdamW rather than its FusedAdam op (a CUDA/C++ build)."""
+    lr, weight_decay = {"resume": (1e-3, 0.01), "superglue": (1e-4, 0.1)}[name]
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 100,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "Adam", "params": {"lr": lr, "betas": [0.9, 0.98], "eps": 1e-6,
+                                                 "weight_decay": weight_decay, "torch_adam": True}},
+        "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False},
+        "wall_clock_breakdown": False,
+    }  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -486,11 +518,13 @@ def _write_clue(root: Path, rng: random.Random) -> None:
         _jsonl(root / "cluewsc" / f"{split}.json", rows)
 
 
-def _launch(side: str, script: str, mode: str = "1") -> list[str]:
-    """How ``script`` starts on ``side``: one process, or (``tp2``) two under torchrun."""
-    from harness.verify import ABSENT  # the migrated tree runs with apex and DeepSpeed unimportable
+def _launch(side: str, script: str, mode: str = "1", deepspeed: bool = False) -> list[str]:
+    """How ``script`` starts on ``side``: one process, or (``tp2``) two under torchrun. The migrated tree runs
+    with apex and DeepSpeed unimportable; with ``deepspeed`` (``--deepspeed`` runs) apex only."""
+    from harness.verify import ABSENT
 
-    own = [script] if side == "original" else ["-m", "harness.without", ABSENT, script]
+    absent = ",".join(p for p in ABSENT.split(",") if p != "deepspeed") if deepspeed else ABSENT
+    own = [script] if side == "original" else ["-m", "harness.without", absent, script]
     if mode == "1":
         return [sys.executable, *own]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -777,40 +811,51 @@ def tensor_digest(state_dict: dict, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretrained: Path, workdir: Path,
-              timeout: int, mode: str = "1") -> SideRun:  # fmt: skip
+              timeout: int, mode: str = "1", deepspeed: Path | None = None) -> SideRun:  # fmt: skip
     """Run entry point ``name`` in ``tree`` (``side``: "original" under ``env`` with the mock,
     "ported" without) and read its figures. ``mode`` ``tp2``: two processes under torchrun with
-    ``--model-parallel-size 2``, ``pretrained`` then being a checkpoint of that size (:func:`pretrained_mp2`)."""
+    ``--model-parallel-size 2``, ``pretrained`` then being a checkpoint of that size (:func:`pretrained_mp2`).
+    ``deepspeed``: a DeepSpeed config (:func:`write_deepspeed_config`); the run gets ``--deepspeed
+    --deepspeed_config`` it (DeepSpeed's engine: it must be installed; the migrated side may import it)."""
     from harness.verify import EXTRA_FLAGS, failure_cause
 
     if mode not in MODES[name]:
         raise ValueError(f"{name} does not run in mode {mode}")
-    out = Path(workdir) / f"{name}.{mode}.{side}"
+    if deepspeed is not None and name not in DEEPSPEED_ENTRIES:
+        raise ValueError(f"{name} does not run with --deepspeed here (only {', '.join(DEEPSPEED_ENTRIES)})")
+    tag = f"{name}.{mode}{'.ds' if deepspeed else ''}.{side}"
+    out = Path(workdir) / tag
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    log = Path(workdir) / f"{name}.{mode}.{side}.log"
+    log = Path(workdir) / f"{tag}.log"
     env = _one_process_env(env)
-    parallel = ["--model-parallel-size", "2"] if mode == "tp2" else []
+    mode_flags = ["--model-mode_flags-size", "2"] if mode == "tp2" else []
+    if deepspeed is not None:
+        mode_flags += ["--deepspeed", "--deepspeed_config", str(deepspeed)]
+
+    def launch(side: str, script: str, mode: str = "1") -> list[str]:
+        return _launch(side, script, mode, deepspeed is not None)
+
     figures = Figures()
     stdin = None
     if name == "resume":
         save = out / "save"
-        flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", "4"]
-        code, text = up.run_upstream(_launch(side, "pretrain_glm.py") + flags + ["--save", str(save), "--save-interval", "2"],
+        flags = [*up.PRETRAIN_FLAGS, *EXTRA_FLAGS, "--train-iters", "4", *mode_flags]
+        code, text = up.run_upstream(launch(side, "pretrain_glm.py", mode) + flags + ["--save", str(save), "--save-interval", "2"],
                                      tree, env, log, timeout)  # fmt: skip
         if code == 0:
             [run_dir] = [p.parent for p in save.glob("*/latest_checkpointed_iteration.txt")]
             (run_dir / "latest_checkpointed_iteration.txt").write_text("2")  # as if stopped after iteration 2
-            log = log.with_name(f"{name}.{mode}.{side}.load.log")
-            code, text = up.run_upstream(_launch(side, "pretrain_glm.py") + flags + ["--load", str(run_dir)],
+            log = log.with_name(f"{tag}.load.log")
+            code, text = up.run_upstream(launch(side, "pretrain_glm.py", mode) + flags + ["--load", str(run_dir)],
                                          tree, env, log, timeout)  # fmt: skip
             if code == 0 and f"{run_dir}/2/mp_rank_00_model_states.pt" not in text:
                 code, text = 1, text + "\n[harness] the second run did not load the checkpoint of iteration 2"
     elif name == "change_mp":
         source = out / "checkpoint"
         shutil.copytree(pretrained, source)
-        code, text = up.run_upstream(_launch(side, "change_mp.py") + [str(source), "2"], tree, env, log, timeout)
+        code, text = up.run_upstream(launch(side, "change_mp.py") + [str(source), "2"], tree, env, log, timeout)
         if code == 0:
             for what, value in shard_digest(out / "checkpoint_MP2"):
                 figures.add(what, value)
@@ -818,7 +863,7 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         source = out / "checkpoint"
         shutil.copytree(pretrained, source)
         [shard] = source.glob("*/mp_rank_00_model_states.pt")
-        code, text = up.run_upstream(_launch(side, "scripts/convert_glm_checkpoint_to_transformers.py")
+        code, text = up.run_upstream(launch(side, "scripts/convert_glm_checkpoint_to_transformers.py")
                                      + [str(shard), "glm-large"], tree, env, log, timeout)  # fmt: skip
         if code == 0:
             import torch
@@ -829,9 +874,9 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
     elif name in ("generate", "generate_topk"):
         stdin = "".join(p + "\n" for p in GENERATE_PROMPTS) + "stop\n"
         top_k = "1" if name == "generate" else "40"  # greedy; or scripts/generate_block.sh's sampling
-        flags = [*MODEL_FLAGS, "--load-pretrained", str(pretrained), "--DDP-impl", "none", *parallel,
+        flags = [*MODEL_FLAGS, "--load-pretrained", str(pretrained), "--DDP-impl", "none", *mode_flags,
                  "--out-seq-length", "16", "--seq-length", "64", "--temperature", "0.9", "--top-k", top_k, "--top-p", "0"]  # fmt: skip
-        code, text = up.run_upstream(_launch(side, "generate_samples.py", mode) + flags, tree, env, log, timeout,
+        code, text = up.run_upstream(launch(side, "generate_samples.py", mode) + flags, tree, env, log, timeout,
                                      stdin=stdin)  # fmt: skip
     else:
         if name == "squad_v1":
@@ -839,8 +884,8 @@ def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretraine
         hyps = tree / "runs" / name / "test.jsonl.hyps"  # the seq2seq test predictions, one a line (log dir)
         if hyps.exists():
             hyps.unlink()
-        flags = _finetune_flags(name, data, pretrained, out / "save") + parallel
-        code, text = up.run_upstream(_launch(side, "finetune_glm.py", mode) + flags, tree, env, log, timeout)
+        flags = _finetune_flags(name, data, pretrained, out / "save") + mode_flags
+        code, text = up.run_upstream(launch(side, "finetune_glm.py", mode) + flags, tree, env, log, timeout)
         if code == 0 and name == "squad_v1":  # its output_func writes {question id: answer} JSON, then .refs
             for key, answer in sorted(json.loads(hyps.with_suffix("").read_text(encoding="utf-8")).items()):
                 figures.add("answer", f"{key} {answer}")

@@ -198,12 +198,15 @@ def test_seq2seq_zero_shot_and_multichoice_data_hold_what_upstreams_readers_read
         assert row["inputs_pretokenized"] and len(row["choices_pretokenized"]) == 3
         assert row["label"] in range(3)
     flags = {name: entrypoints._finetune_flags(name, root, tmp_path / "P", tmp_path / "S")
-             for name in entrypoints.ONE_PROCESS if name in entrypoints.SEQ2SEQ_TASKS or "lm" in name
+             for name in entrypoints.ENTRY_POINTS if name in entrypoints.SEQ2SEQ_TASKS or "lm" in name
              or name in ("lambada_uni", "multichoice")}  # fmt: skip
     assert flags["xsum"][flags["xsum"].index("--task") + 1] == "xsum"
     assert "--unidirectional" in flags["zero_lm_uni"] and "--unidirectional" not in flags["zero_lm"]
     assert flags["multichoice"][flags["multichoice"].index("--epochs") + 1] == "0"
-    assert all(entrypoints.MODES[name] == ("1",) for name in flags)
+    assert all(entrypoints.MODES[name] == ("1", "tp2") for name in flags)  # upstream's scripts take MP_SIZE
+    # model parallel: every seq2seq task stops in upstream's own beam search, on both sides (not a mismatch)
+    assert all(entrypoints.UPSTREAM_DEFECTS[(name, "tp2")] for name in entrypoints.SEQ2SEQ_TASKS)
+    assert entrypoints.MODES["change_mp"] == entrypoints.MODES["convert"] == ("1",)
 
 
 def test_squad_v1s_hub_tokenizer_loads_offline_from_the_trees_vocabulary(tmp_path):
@@ -316,3 +319,21 @@ def test_entry_points_without_a_pretrained_checkpoint_fail_in_one_line_each(tmp_
     assert [r.name for r in results] == ["superglue", "generate"] and not any(r.ok for r in results)
     assert all("pretraining the checkpoint failed" in r.problems[0] for r in results)
     assert "entry points not run: pretraining the checkpoint failed" in capsys.readouterr().out
+
+
+def test_deepspeed_runs_write_upstreams_config_layout_and_let_the_migrated_tree_import_deepspeed(tmp_path):
+    """``--deepspeed`` runs (tests/e2e/test_upstream_deepspeed.py): the config has upstream's keys, with the entry
+    point's own batch size, learning rate and weight decay (upstream's arguments.py takes them from it); the migrated
+    side keeps apex unimportable but not DeepSpeed, whose engine the run asks for."""
+    config = json.loads(entrypoints.write_deepspeed_config(tmp_path / "ds.json", "superglue").read_text())
+    flags = entrypoints._finetune_flags("superglue", tmp_path, tmp_path / "P", tmp_path / "S")
+    assert config["train_micro_batch_size_per_gpu"] == int(flags[flags.index("--batch-size") + 1])
+    assert config["optimizer"]["params"]["lr"] == float(flags[flags.index("--lr") + 1])
+    assert config["optimizer"]["params"]["weight_decay"] == float(flags[flags.index("--weight-decay") + 1])
+    assert "fp16" not in config and "zero_optimization" not in config and config["optimizer"]["params"]["torch_adam"]
+    plain, engine = entrypoints._launch("ported", "x.py"), entrypoints._launch("ported", "x.py", deepspeed=True)
+    assert "deepspeed" in plain[plain.index("harness.without") + 1].split(",")
+    assert engine[engine.index("harness.without") + 1].split(",") == ["apex", "amp_C"]
+    assert entrypoints._launch("original", "x.py", deepspeed=True)[1:] == ["x.py"]
+    with pytest.raises(ValueError, match="--deepspeed"):
+        entrypoints.run_entry("generate", "ported", tmp_path, {}, tmp_path, tmp_path, tmp_path, 1, deepspeed=tmp_path)
