@@ -226,6 +226,10 @@ MODES = {name: ("1",) if name in ONE_PROCESS else ("1", "tp2") for name in ENTRY
 # (the opt-in tests/e2e/test_upstream_deepspeed.py): pretraining (resume: --save, then --load, both through the
 # engine's own checkpoints) and SuperGLUE RTE's finetuning, each from a config write_deepspeed_config writes
 DEEPSPEED_ENTRIES = ("resume", "superglue")
+# --fp16 (every config_tasks/model_blocklm_*.sh passes it): upstream's own fp16 path (FP16_Module: the model in half;
+# fp16/fp16.py's FP16_Optimizer with fp32 master weights and loss_scaler.py's dynamic loss scale) runs on the CPU
+# (torch 2.13 has half matmul, layer norm and softmax there): SuperGLUE RTE's finetuning (tests/e2e/test_upstream_fp16.py)
+FP16_ENTRIES = ("superglue",)
 # upstream's scripts that are not entry points here, and why (they need what cannot be had)
 NOT_RUN = {
     "scripts/evaluate_seq2seq.sh": "not Python: Stanford CoreNLP's PTBTokenizer (Java, a jar from stanford.edu) and "
@@ -811,28 +815,34 @@ def tensor_digest(state_dict: dict, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def run_entry(name: str, side: str, tree: Path, env: dict, data: Path, pretrained: Path, workdir: Path,
-              timeout: int, mode: str = "1", deepspeed: Path | None = None) -> SideRun:  # fmt: skip
+              timeout: int, mode: str = "1", deepspeed: Path | None = None, fp16: str = "") -> SideRun:  # fmt: skip
     """Run entry point ``name`` in ``tree`` (``side``: "original" under ``env`` with the mock,
     "ported" without) and read its figures. ``mode`` ``tp2``: two processes under torchrun with
     ``--model-parallel-size 2``, ``pretrained`` then being a checkpoint of that size (:func:`pretrained_mp2`).
     ``deepspeed``: a DeepSpeed config (:func:`write_deepspeed_config`); the run gets ``--deepspeed
-    --deepspeed_config`` it (DeepSpeed's engine: it must be installed; the migrated side may import it)."""
+    --deepspeed_config`` it (DeepSpeed's engine: it must be installed; the migrated side may import it).
+    ``fp16``: with ``--fp16`` (upstream's FP16_Module and FP16_Optimizer), on the CPU too: "dynamic" (its dynamic loss
+    scaler, the scripts' way) or a static ``--loss-scale`` ("1024")."""
     from harness.verify import EXTRA_FLAGS, failure_cause
 
     if mode not in MODES[name]:
         raise ValueError(f"{name} does not run in mode {mode}")
     if deepspeed is not None and name not in DEEPSPEED_ENTRIES:
         raise ValueError(f"{name} does not run with --deepspeed here (only {', '.join(DEEPSPEED_ENTRIES)})")
-    tag = f"{name}.{mode}{'.ds' if deepspeed else ''}.{side}"
+    if fp16 and (name not in FP16_ENTRIES or fp16 != "dynamic" and not fp16.isdigit()):
+        raise ValueError(f"{name} does not run with --fp16 {fp16} here (only {', '.join(FP16_ENTRIES)}; dynamic or N)")
+    tag = f"{name}.{mode}{'.ds' if deepspeed else ''}{f'.fp16-{fp16}' if fp16 else ''}.{side}"
     out = Path(workdir) / tag
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     log = Path(workdir) / f"{tag}.log"
     env = _one_process_env(env)
-    mode_flags = ["--model-mode_flags-size", "2"] if mode == "tp2" else []
+    mode_flags = ["--model-parallel-size", "2"] if mode == "tp2" else []
     if deepspeed is not None:
         mode_flags += ["--deepspeed", "--deepspeed_config", str(deepspeed)]
+    if fp16:
+        mode_flags += ["--fp16"] if fp16 == "dynamic" else ["--fp16", "--loss-scale", fp16]
 
     def launch(side: str, script: str, mode: str = "1") -> list[str]:
         return _launch(side, script, mode, deepspeed is not None)

@@ -321,7 +321,7 @@ def test_entry_points_without_a_pretrained_checkpoint_fail_in_one_line_each(tmp_
     assert "entry points not run: pretraining the checkpoint failed" in capsys.readouterr().out
 
 
-def test_deepspeed_runs_write_upstreams_config_layout_and_let_the_migrated_tree_import_deepspeed(tmp_path):
+def test_deepspeed_runs_write_upstreams_config_layout_and_let_the_migrated_tree_import_deepspeed_fp16_runs_check_their_scale(tmp_path):
     """``--deepspeed`` runs (tests/e2e/test_upstream_deepspeed.py): the config has upstream's keys, with the entry
     point's own batch size, learning rate and weight decay (upstream's arguments.py takes them from it); the migrated
     side keeps apex unimportable but not DeepSpeed, whose engine the run asks for."""
@@ -337,3 +337,6 @@ def test_deepspeed_runs_write_upstreams_config_layout_and_let_the_migrated_tree_
     assert entrypoints._launch("original", "x.py", deepspeed=True)[1:] == ["x.py"]
     with pytest.raises(ValueError, match="--deepspeed"):
         entrypoints.run_entry("generate", "ported", tmp_path, {}, tmp_path, tmp_path, tmp_path, 1, deepspeed=tmp_path)
+    for fp16 in ("yes", "1e3"):  # --fp16 runs: "dynamic" (upstream's dynamic loss scaler) or a static --loss-scale N
+        with pytest.raises(ValueError, match="--fp16"):
+            entrypoints.run_entry("superglue", "ported", tmp_path, {}, tmp_path, tmp_path, tmp_path, 1, fp16=fp16)
