@@ -251,13 +251,17 @@ SEQ2SEQ_TP2 = "IndexError: index 30523 is out of bounds for dimension 1 with siz
 # size 2, its greedy fill taken from each rank's vocabulary part as above; BlankLMEvaluater then has both ranks
 # store.set() each uid in one TCPStore (tasks/seq2seq/evaluate.py:412-414, 495-496; its world size is the data-parallel
 # one), so the filled line written is whichever rank set it last (rank 0's part: "american american ..."; rank 1's
-# local index 15227, its eop, read as "##inas"), a race. Its training losses are compared.
+# local index 15227, its eop, read as "##inas"), a race. Its training losses are compared. seq_squad_v1.sh (also
+# --min-tgt-length 0) runs to its end too, its answers made the same way but gathered by all_gather_object, the last
+# rank's kept (evaluate.py:381-383): undefined as well, but the same on both sides, so compared. In all of them the
+# training loss at model-parallel size 2 is not mode 1's: label smoothing's log_softmax (tasks/seq2seq/finetune.py:46-48)
+# runs over the rank's vocabulary part.
 UPSTREAM_UNDEFINED = {
     ("blank", "tp2"): ("summary", "upstream's vocab-parallel greedy fill, and a race between the two ranks' "
                                   "TCPStore.set of each line (tasks/seq2seq/evaluate.py:495-496)"),
 }
 UPSTREAM_DEFECTS = {
-    **{(name, "tp2"): SEQ2SEQ_TP2 for name in SEQ2SEQ_TASKS if name not in ("squad", "blank")},
+    **{(name, "tp2"): SEQ2SEQ_TP2 for name in SEQ2SEQ_TASKS if name not in ("squad", "squad_v1", "blank")},
     ("squad", "1"): "KeyError: 'F1'",
     ("squad", "tp2"): "KeyError: 'F1'",
 }
