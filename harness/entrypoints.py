@@ -14,8 +14,10 @@ checkpoint both sides load (:func:`pretrained_checkpoint`, made by the migrated 
 glm-mock and in the migrated tree without it (apex and DeepSpeed unimportable), and reads the
 figures each printed or wrote (:class:`Figures`): losses, accuracies, ROUGE, perplexity, the
 generated text, the resharded tensors. :data:`MODES` says which also run at model-parallel size 2
-(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own; :data:`NOT_RUN` upstream's scripts
-that are not run here, and why. Dropout is off and the seed fixed, so the figures must be
+(``tp2``); :data:`UPSTREAM_DEFECTS` the failures that are upstream's own, :data:`UPSTREAM_UNDEFINED` the figures
+upstream leaves undefined (not compared); :data:`NOT_RUN` upstream's scripts that are not run here, and why.
+:func:`run_entry` also runs :data:`DEEPSPEED_ENTRIES` with ``--deepspeed`` (a :func:`write_deepspeed_config` file;
+DeepSpeed installed) and :data:`FP16_ENTRIES` with ``--fp16``. Dropout is off and the seed fixed, so the figures must be
 equal (numbers within ``rtol``: the migrated loss rounds differently in the 7th digit).
 
 Where glm_port has the job, its own code runs against upstream's entry point on the same weights and data:
