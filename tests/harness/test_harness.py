@@ -359,3 +359,24 @@ def test_figures_upstream_leaves_undefined_are_not_compared_the_rest_is(tmp_path
     assert not entrypoints.EntryComparison("blank", original, ported, rtol=1e-6, mode="1").ok
     ported = run(("lm loss", "9.643700E+00"), ("summary", "river matinasinasinas"))
     assert not entrypoints.EntryComparison("blank", original, ported, rtol=1e-6, mode="tp2").ok
+
+
+def test_run_entry_passes_the_modes_and_engines_flags_to_upstreams_script(tmp_path):
+    """What ``run_entry`` starts: ``tp2`` under torchrun with --model-parallel-size 2; ``deepspeed`` with --deepspeed
+    --deepspeed_config; ``fp16`` with --fp16 (and --loss-scale N). A stand-in finetune_glm.py prints its arguments."""
+    import os
+
+    tree = tmp_path / "GLM"
+    tree.mkdir()
+    (tree / "finetune_glm.py").write_text("import sys\nprint('ARGS', ' '.join(sys.argv[1:]), flush=True)\n")
+    config = entrypoints.write_deepspeed_config(tmp_path / "ds.json", "superglue")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = entrypoints.run_entry("superglue", "original", tree, env, tmp_path, tmp_path / "P", tmp_path, 120, "tp2",
+                                deepspeed=config, fp16="1024")  # fmt: skip
+    assert run.code == 0, run.log.read_text()
+    args = [line.split() for line in run.log.read_text().splitlines() if line.startswith("ARGS")]
+    assert len(args) == 2  # two processes
+    for argv in args:
+        assert argv[argv.index("--model-parallel-size") + 1] == "2"
+        assert argv[argv.index("--deepspeed_config") + 1] == str(config) and "--deepspeed" in argv
+        assert "--fp16" in argv and argv[argv.index("--loss-scale") + 1] == "1024"
