@@ -198,12 +198,19 @@ def test_seq2seq_zero_shot_and_multichoice_data_hold_what_upstreams_readers_read
         assert row["inputs_pretokenized"] and len(row["choices_pretokenized"]) == 3
         assert row["label"] in range(3)
     flags = {name: entrypoints._finetune_flags(name, root, tmp_path / "P", tmp_path / "S")
-             for name in entrypoints.ONE_PROCESS if name in entrypoints.SEQ2SEQ_TASKS or "lm" in name
+             for name in entrypoints.ENTRY_POINTS if name in entrypoints.SEQ2SEQ_TASKS or "lm" in name
              or name in ("lambada_uni", "multichoice")}  # fmt: skip
     assert flags["xsum"][flags["xsum"].index("--task") + 1] == "xsum"
     assert "--unidirectional" in flags["zero_lm_uni"] and "--unidirectional" not in flags["zero_lm"]
     assert flags["multichoice"][flags["multichoice"].index("--epochs") + 1] == "0"
-    assert all(entrypoints.MODES[name] == ("1",) for name in flags)
+    assert all(entrypoints.MODES[name] == ("1", "tp2") for name in flags)  # upstream's scripts take MP_SIZE
+    # model parallel: every seq2seq task stops in upstream's own beam search, on both sides (not a mismatch)
+    for name in entrypoints.SEQ2SEQ_TASKS:  # a minimum length: MinLengthLogitsProcessor's IndexError; squad: its KeyError
+        flags = entrypoints._finetune_flags(name, root, tmp_path / "P", tmp_path / "S")
+        if name != "squad" and flags[flags.index("--min-tgt-length") + 1] != "0":
+            assert entrypoints.UPSTREAM_DEFECTS[(name, "tp2")] == entrypoints.SEQ2SEQ_TP2
+    assert ("blank", "tp2") in entrypoints.UPSTREAM_UNDEFINED and ("squad", "tp2") in entrypoints.UPSTREAM_DEFECTS
+    assert entrypoints.MODES["change_mp"] == entrypoints.MODES["convert"] == ("1",)
 
 
 def test_squad_v1s_hub_tokenizer_loads_offline_from_the_trees_vocabulary(tmp_path):
@@ -316,3 +323,60 @@ def test_entry_points_without_a_pretrained_checkpoint_fail_in_one_line_each(tmp_
     assert [r.name for r in results] == ["superglue", "generate"] and not any(r.ok for r in results)
     assert all("pretraining the checkpoint failed" in r.problems[0] for r in results)
     assert "entry points not run: pretraining the checkpoint failed" in capsys.readouterr().out
+
+
+def test_deepspeed_runs_write_upstreams_config_layout_and_let_the_migrated_tree_import_deepspeed_fp16_runs_check_their_scale(tmp_path):
+    """``--deepspeed`` runs (tests/e2e/test_upstream_deepspeed.py): the config has upstream's keys, with the entry
+    point's own batch size, learning rate and weight decay (upstream's arguments.py takes them from it); the migrated
+    side keeps apex unimportable but not DeepSpeed, whose engine the run asks for."""
+    config = json.loads(entrypoints.write_deepspeed_config(tmp_path / "ds.json", "superglue").read_text())
+    flags = entrypoints._finetune_flags("superglue", tmp_path, tmp_path / "P", tmp_path / "S")
+    assert config["train_micro_batch_size_per_gpu"] == int(flags[flags.index("--batch-size") + 1])
+    assert config["optimizer"]["params"]["lr"] == float(flags[flags.index("--lr") + 1])
+    assert config["optimizer"]["params"]["weight_decay"] == float(flags[flags.index("--weight-decay") + 1])
+    assert "fp16" not in config and "zero_optimization" not in config and config["optimizer"]["params"]["torch_adam"]
+    plain, engine = entrypoints._launch("ported", "x.py"), entrypoints._launch("ported", "x.py", deepspeed=True)
+    assert "deepspeed" in plain[plain.index("harness.without") + 1].split(",")
+    assert engine[engine.index("harness.without") + 1].split(",") == ["apex", "amp_C"]
+    assert entrypoints._launch("original", "x.py", deepspeed=True)[1:] == ["x.py"]
+    with pytest.raises(ValueError, match="--deepspeed"):
+        entrypoints.run_entry("generate", "ported", tmp_path, {}, tmp_path, tmp_path, tmp_path, 1, deepspeed=tmp_path)
+    for fp16 in ("yes", "1e3"):  # --fp16 runs: "dynamic" (upstream's dynamic loss scaler) or a static --loss-scale N
+        with pytest.raises(ValueError, match="--fp16"):
+            entrypoints.run_entry("superglue", "ported", tmp_path, {}, tmp_path, tmp_path, tmp_path, 1, fp16=fp16)
+
+
+def test_figures_upstream_leaves_undefined_are_not_compared_the_rest_is(tmp_path):
+    """seq_blank.sh at model-parallel size 2: the filled line is whichever rank's TCPStore.set came last (upstream's
+    race, UPSTREAM_UNDEFINED); its losses are still compared, and the same lines in one process are."""
+    def run(*items):
+        return entrypoints.SideRun(0, entrypoints.Figures(list(items)), tmp_path / "log", "")
+
+    original = run(("lm loss", "9.643629E+00"), ("summary", "river mat american american"))
+    ported = run(("lm loss", "9.643629E+00"), ("summary", "river matinasinasinas"))
+    raced = entrypoints.EntryComparison("blank", original, ported, rtol=1e-6, mode="tp2")
+    assert raced.ok and "TCPStore" in raced.undefined and "UPSTREAM: summary not compared" in entrypoints.table(raced)
+    assert not entrypoints.EntryComparison("blank", original, ported, rtol=1e-6, mode="1").ok
+    ported = run(("lm loss", "9.643700E+00"), ("summary", "river matinasinasinas"))
+    assert not entrypoints.EntryComparison("blank", original, ported, rtol=1e-6, mode="tp2").ok
+
+
+def test_run_entry_passes_the_modes_and_engines_flags_to_upstreams_script(tmp_path):
+    """What ``run_entry`` starts: ``tp2`` under torchrun with --model-parallel-size 2; ``deepspeed`` with --deepspeed
+    --deepspeed_config; ``fp16`` with --fp16 (and --loss-scale N). A stand-in finetune_glm.py prints its arguments."""
+    import os
+
+    tree = tmp_path / "GLM"
+    tree.mkdir()
+    (tree / "finetune_glm.py").write_text("import sys\nprint('ARGS', ' '.join(sys.argv[1:]), flush=True)\n")
+    config = entrypoints.write_deepspeed_config(tmp_path / "ds.json", "superglue")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = entrypoints.run_entry("superglue", "original", tree, env, tmp_path, tmp_path / "P", tmp_path, 120, "tp2",
+                                deepspeed=config, fp16="1024")  # fmt: skip
+    assert run.code == 0, run.log.read_text()
+    args = [line.split() for line in run.log.read_text().splitlines() if line.startswith("ARGS")]
+    assert len(args) == 2  # two processes
+    for argv in args:
+        assert argv[argv.index("--model-parallel-size") + 1] == "2"
+        assert argv[argv.index("--deepspeed_config") + 1] == str(config) and "--deepspeed" in argv
+        assert "--fp16" in argv and argv[argv.index("--loss-scale") + 1] == "1024"
