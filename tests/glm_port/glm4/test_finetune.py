@@ -1,0 +1,218 @@
+"""glm-finetune on GLM-4 (the family's ``finetune`` binding): samples in THUDM's GLM-4 finetune_demo layout
+(``[gMASK]<sop><|user|>\\n{prompt}<|assistant|>\\n{response}<|user|>``, loss on what follows ``<|assistant|>``),
+full and LoRA finetunes of a tiny GLM-4 directory made here, whose results glm-generate's and glm-chat's
+bindings load, ``--recompute`` (the numbers of the plain forward) and the embedded ``glm4-tiny``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import torch
+
+from glm_port.finetune.datasets import Pair
+from glm_port.finetune.run import main as finetune_main
+from glm_port.models import FAMILIES, family_at
+from glm_port.models.glm4.finetune import IGNORE_INDEX, conversation_example, encode, load, train_example
+
+torch.set_num_threads(1)
+LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)  # glm-finetune's log
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from glm_port.models.glm4.tiny import build_tiny
+
+    return build_tiny(str(tmp_path_factory.mktemp("glm4-tok")))
+
+
+@pytest.fixture(scope="module")
+def bases(tiny, tmp_path_factory):
+    """The tiny GLM-4 written in THUDM's layout and in transformers' ``glm`` layout."""
+    from glm_port.models.glm4.tiny import write_directory
+
+    root = tmp_path_factory.mktemp("glm4-base")
+    return {layout: write_directory(*tiny, root / layout, layout) for layout in ("thudm", "transformers")}
+
+
+@pytest.fixture(scope="module")
+def base(bases):
+    return bases["thudm"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Small pairs made here: a phrase and its words reversed."""
+    phrases = ["the cat sat on the mat", "we walk in the park", "the day is good", "you have a question",
+               "the time of the year", "a house and a tree", "the world was new", "he said it was late"]
+    path = tmp_path_factory.mktemp("glm4-data") / "train.json"
+    path.write_text("".join(json.dumps({"source": p, "target": " ".join(p.split()[::-1])}) + "\n"
+                            for p in phrases), encoding="utf-8")
+    return path
+
+
+def test_a_sample_is_the_chat_prompt_then_the_response_counting_only_the_response(tiny):
+    _, tok = tiny
+    built = train_example(tok, "红色连衣裙 dress", "很好看, nice")
+    prompt = tok.build_chat_input("红色连衣裙 dress")["input_ids"][0].tolist()  # what glm-chat feeds the model
+    assert prompt == tok.apply_chat_template([{"role": "user", "content": "红色连衣裙 dress"}],
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+    command = tok.get_command
+    assert prompt[:3] == [command("[gMASK]"), command("<sop>"), command("<|user|>")]
+    assert prompt[-1] == command("<|assistant|>")
+    answer = tok.encode_text("\n") + tok.encode_text("很好看, nice") + [command("<|user|>")]  # finetune_demo's end
+    assert built["input_ids"] == prompt + answer
+    assert built["labels"] == [IGNORE_INDEX] * len(prompt) + answer
+    cut = train_example(tok, "红色连衣裙 dress", "很好看, nice", max_source_length=len(prompt), max_target_length=1)
+    assert cut["input_ids"] == built["input_ids"][:len(prompt) + 2]  # the whole sequence cut to src + tgt + 1
+
+
+def test_encoded_samples_put_the_loss_on_the_response_and_generate_from_chats_prompt(tiny):
+    _, tok = tiny
+    train, = encode(tok, [Pair("红色连衣裙", "很好看")], 64, 128)
+    prompt = tok.build_chat_input("红色连衣裙")["input_ids"][0].tolist()
+    assert train.text[:train.sep].tolist() == prompt
+    counted = train.target[train.loss_mask == 1].tolist()  # each counted position predicts the next token
+    assert counted == tok.encode_text("\n") + tok.encode_text("很好看") + [tok.get_command("<|user|>")]
+    assert train.loss_mask[:len(prompt) - 1].sum() == 0 and not train.truncated_target
+    short, = encode(tok, [Pair("红色连衣裙", "很好看" * 20)], 8, 4)
+    assert short.truncated_target and len(short.text) == 8 + 4 + 1
+    generate_from, = encode(tok, [Pair("红色连衣裙", "很好看")], 64, 128, with_targets=False)
+    assert generate_from.text.tolist() == prompt and generate_from.sep == len(prompt)
+
+
+def test_a_conversation_counts_every_assistant_turn_and_no_other(tiny):
+    _, tok = tiny
+    tools = [{"name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {}}}]
+    messages = [{"role": "system", "content": "You help.", "tools": tools},
+                {"role": "user", "content": "天气?"},
+                {"role": "assistant", "metadata": "get_weather", "content": '{"city": "北京"}'},
+                {"role": "observation", "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."}]
+    built = conversation_example(tok, messages, 512, 512)
+    whole = tok.apply_chat_template([{**m, "tools": [{"type": "function", "function": t} for t in tools]}
+                                     if "tools" in m else m for m in messages], tokenize=True, return_dict=False)
+    assert built["input_ids"] == list(whole) + [tok.get_command("<|user|>")]
+    command = tok.get_command
+    call = tok.encode_text("get_weather\n") + tok.encode_text('{"city": "北京"}') + [command("<|observation|>")]
+    reply = tok.encode_text("\n") + tok.encode_text("It is sunny.") + [command("<|user|>")]
+    assert [label for label in built["labels"] if label != IGNORE_INDEX] == call + reply
+    sample, = encode(tok, [Pair("", "", messages=messages)], 512, 512)
+    assert sample.text[sample.sep - 1] == command("<|assistant|>")  # the prompt of the last reply
+    assert sample.target[sample.sep - 1:].tolist()[:len(reply)] == reply
+
+
+def _losses(out: str) -> dict[int, float]:
+    return {int(m[1]): float(m[2]) for m in LOSS.finditer(out)}
+
+
+@pytest.mark.parametrize("layout", ["thudm", "transformers"])
+def test_a_full_finetune_with_recompute_lowers_the_loss_and_saves_a_directory_glm_4s_bindings_load(
+        bases, layout, data, tmp_path, capsys):
+    base = bases[layout]
+    finetune_main(["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--max_steps", "8",
+                   "--logging_steps", "1", "--learning_rate", "1e-2", "--per_device_train_batch_size", "4",
+                   "--src_length", "24", "--tgt_length", "16", "--recompute", "--output_dir", str(tmp_path / "out")])
+    losses = _losses(capsys.readouterr().out)
+    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5, losses
+    final = tmp_path / "out" / "final"
+    assert family_at(final).name == "glm4"
+    model, tok = FAMILIES["glm4"].binding("generation").load(final)  # glm-generate's route
+    before, _ = FAMILIES["glm4"].binding("generation").load(bases["thudm"])  # the same weights in either layout
+    assert type(model).__name__ == "GLM4ForCausalLM" and model.config.rope_ratio == 500
+    changed = [n for n, p in model.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
+    assert "transformer.output_layer.weight" in changed and len(changed) == len(before.state_dict())
+    chat_model, chat_tok = FAMILIES["glm4"].binding("conversation").load(final)  # glm-chat's route
+    reply, _ = chat_model.chat(chat_tok, "the day is good", max_new_tokens=4, do_sample=False)
+    assert isinstance(reply, (str, dict))
+
+
+def test_a_lora_finetune_trains_the_adapters_alone_and_merges_into_a_glm_4_directory(base, data, tmp_path, capsys):
+    out = tmp_path / "out"
+    finetune_main(["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--max_steps", "8",
+                   "--logging_steps", "1", "--learning_rate", "2e-2", "--per_device_train_batch_size", "4",
+                   "--src_length", "24", "--tgt_length", "16", "--lora", "--r", "8", "--lora_alpha", "32",
+                   "--merge_lora", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    losses = _losses(printed)
+    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1], losses
+    trainable = re.search(r"trainable parameters: ([\d,]+) of ([\d,]+)", printed)
+    assert 0 < int(trainable[1].replace(",", "")) < int(trainable[2].replace(",", "")) / 4
+    model, _ = FAMILIES["glm4"].binding("generation").load(out / "final")
+    before, _ = FAMILIES["glm4"].binding("generation").load(base)
+    changed = {n for n, p in model.state_dict().items() if not torch.equal(p, before.state_dict()[n])}
+    assert changed and all("query_key_value.weight" in n for n in changed), changed  # only the adapted linears
+
+
+def test_a_lora_adapter_is_saved_alone_and_applies_to_the_base(base, data, tmp_path, capsys):
+    out = tmp_path / "out"
+    finetune_main(["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--max_steps", "2",
+                   "--src_length", "24", "--tgt_length", "16", "--lora", "--output_dir", str(out)])
+    assert (out / "final" / "adapter_config.json").is_file() and not (out / "final" / "config.json").exists()
+    finetune_main(["--model_name_or_path", base, "--lora_path", str(out / "final"), "--do_predict", "--test_file",
+                   str(data), "--tgt_length", "3", "--num_beams", "1", "--output_dir", str(tmp_path / "predict")])
+    assert len((tmp_path / "predict" / "test_predictions.jsonl").read_text().splitlines()) == 8
+
+
+def test_a_conversations_file_finetunes(base, tmp_path, capsys):
+    conversation = {"conversations": [{"role": "system", "content": "You help."},
+                                      {"role": "user", "content": "the cat sat"},
+                                      {"role": "assistant", "content": "sat cat the"},
+                                      {"role": "user", "content": "the day is good"},
+                                      {"role": "assistant", "content": "good is day the"}]}
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(conversation) + "\n", encoding="utf-8")
+    finetune_main(["--model_name_or_path", base, "--dataset_layout", "conversations", "--do_train", "--train_file",
+                   str(path), "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "1e-2",
+                   "--src_length", "48", "--tgt_length", "16", "--output_dir", str(tmp_path / "out")])
+    losses = _losses(capsys.readouterr().out)
+    assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
+
+
+def test_recompute_gives_the_loss_and_gradients_of_the_plain_forward(base):
+    plain, tok = load(base, "cpu")
+    checkpointed, _ = load(base, "cpu", recompute=True)
+    assert checkpointed.transformer.encoder.gradient_checkpointing and not plain.transformer.encoder.gradient_checkpointing
+    ids = torch.tensor([train_example(tok, "the cat sat", "sat cat the")["input_ids"]])
+    results = []
+    for model in (plain, checkpointed):
+        model.train()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss, grads), (loss_r, grads_r) = results
+    torch.testing.assert_close(loss_r, loss, rtol=0, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_r[name], grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_the_embedded_glm4_tiny_finetunes(data, tmp_path, capsys):
+    finetune_main(["--model_name_or_path", "glm4-tiny", "--do_train", "--train_file", str(data), "--max_steps", "3",
+                   "--logging_steps", "1", "--src_length", "24", "--tgt_length", "16",
+                   "--output_dir", str(tmp_path / "out")])
+    assert sorted(_losses(capsys.readouterr().out)) == [1, 2, 3]
+    assert family_at(tmp_path / "out" / "final").name == "glm4"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pre_seq_len", "4"], "--pre_seq_len 4: the glm4 family does not support P-Tuning v2 prefixes (THUDM's "
+                             "pre_seq_len)"),
+])
+def test_what_glm4_does_not_finetune_is_refused_in_one_line(base, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        finetune_main(["--model_name_or_path", base, "--do_train", "--train_file", "x.json",
+                       "--output_dir", str(tmp_path / "out"), *flags])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"glm-finetune: error: {message}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_tensor_parallel_finetuning_is_refused_by_the_binding_in_one_line(base, monkeypatch):
+    """GLM-4 declares tensor_parallel for glm-generate; glm-finetune's binding does not split it (yet)."""
+    import glm_port.distributed
+
+    monkeypatch.setattr(glm_port.distributed, "tensor_parallel_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"^--tensor_parallel_degree: glm-finetune does not split a GLM-4 model"):
+        load(base, "cpu")
