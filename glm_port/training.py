@@ -181,8 +181,10 @@ def lm_loss(model, batch: dict, dp_group=None, dp_size: int = 1, parallel_group=
 
 def train_step(model, microbatches, optimizer, scheduler, precision: Precision, *, clip_grad: float = 1.0,
                env: ParallelEnv | None = None, label_smoothing: float = 0.0, stats: dict | None = None,
-               logits_fn=positions_logits) -> float:
-    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss.
+               logits_fn=positions_logits, as_tensor: bool = False):
+    """Accumulate gradients over ``microbatches``, clip, step; returns the mean global loss: a float, or with
+    ``as_tensor`` a float64 tensor on the device holding the same value, read without waiting for the device
+    (what ``TrainingLoop`` takes, so a GPU step has no host synchronisation for its loss).
 
     ``stats``, when given, receives ``grad_norm`` (the global norm before clipping, measured even with
     ``clip_grad`` 0) and ``skipped`` (an fp16 overflow skipped the step)."""
@@ -192,7 +194,7 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
     # reused. Nothing else notices it.
     torch.compiler.cudagraph_mark_step_begin()
     optimizer.zero_grad(set_to_none=True)
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=precision.device) if as_tensor else 0.0
     for i, batch in enumerate(microbatches):
         # Only the last micro-batch all-reduces gradients under DDP.
         sync = i == len(microbatches) - 1 or not hasattr(model, "no_sync")
@@ -203,7 +205,8 @@ def train_step(model, microbatches, optimizer, scheduler, precision: Precision, 
                 loss, value = lm_loss(model, batch, env.dp_group, env.dp_size, env.tp_group, label_smoothing,
                                       logits_fn)
             precision.scaler.scale(loss / len(microbatches)).backward()
-        total += value.item() / len(microbatches)
+        # float64 either way: the tensor sum is the float sum, operation for operation
+        total = total + (value.detach().double() if as_tensor else value.item()) / len(microbatches)
     env.sync_gradients(model.parameters())
     if clip_grad > 0 or stats is not None:
         precision.scaler.unscale_(optimizer)
@@ -275,7 +278,7 @@ class TrainingLoop:
                 microbatches = [_to_device(next(batches), env.device) for _ in range(self.accumulation)]
                 loss = train_step(self.model, microbatches, self.optimizer, self.scheduler, self.precision,
                                   clip_grad=self.clip_grad, env=env, label_smoothing=self.label_smoothing,
-                                  stats=stats, logits_fn=self.logits_fn)
+                                  stats=stats, logits_fn=self.logits_fn, as_tensor=True)
                 iteration += 1
                 if first_step:
                     first_step = False
@@ -284,14 +287,16 @@ class TrainingLoop:
                         print(f" > {note}", flush=True)
                     else:
                         bar.write(f" > {note}")
-                interval_loss += loss
+                interval_loss = interval_loss + loss  # on the device: read at the log line, not every step
                 interval_norm += stats["grad_norm"] if stats is not None else 0.0
                 bar.update()
-                postfix = {"loss": f"{loss:.4f}"}
-                if self.tokens_per_iter:
-                    postfix["tok_s"] = f"{self.tokens_per_iter / (time.perf_counter() - step_start):.0f}"
-                bar.set_postfix(postfix)
+                if not bar.disable:  # a terminal's bar shows each step's loss (and waits for it)
+                    postfix = {"loss": f"{float(loss):.4f}"}
+                    if self.tokens_per_iter:
+                        postfix["tok_s"] = f"{self.tokens_per_iter / (time.perf_counter() - step_start):.0f}"
+                    bar.set_postfix(postfix)
                 if iteration % self.log_interval == 0:
+                    interval_loss = float(interval_loss)  # waits for the interval's steps, then times them
                     elapsed_ms = (time.perf_counter() - interval_start) * 1000.0 / self.log_interval
                     lr = self.optimizer.param_groups[0]["lr"]
                     if env.is_main:

@@ -191,3 +191,52 @@ def test_compiled_layers_train_as_eager():
     finally:
         torch._dynamo.reset()
     assert graphs, "the layers were not captured"
+
+
+def test_the_tensor_loss_is_the_float_loss_exactly():
+    """``as_tensor`` (what TrainingLoop takes, no host sync a step) sums in float64 as the float path does."""
+    results = []
+    for as_tensor in (False, True):
+        torch.manual_seed(0)
+        model = GLMModel(TINY)
+        optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-2, warmup=0.0, decay_iters=10))
+        halves = [synthetic_batch(batch=2, seed=s) for s in (3, 4, 5)]  # three micro-batches: a real sum
+        results.append([train_step(model, halves, optimizer, scheduler, Precision(torch.device("cpu")),
+                                   as_tensor=as_tensor) for _ in range(3)])
+    floats, tensors = results
+    assert all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.dim() == 0 for t in tensors)
+    assert [t.item() for t in tensors] == floats
+
+
+def test_the_loop_reads_the_loss_from_the_device_once_a_log_line(monkeypatch, capsys):
+    """Off a terminal, TrainingLoop adds the step losses where they are and reads them at each log line only: a
+    GPU step then never waits for its loss."""
+    from glm_port import training
+    from glm_port.distributed import ParallelEnv
+
+    class Unread:  # a loss the loop has not read yet: counts the reads
+        reads = 0
+
+        def __init__(self, value):
+            self.value = value
+
+        def __add__(self, other):
+            return Unread(self.value + (other.value if isinstance(other, Unread) else other))
+
+        __radd__ = __add__
+
+        def __float__(self):
+            Unread.reads += 1
+            return float(self.value)
+
+    steps = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    monkeypatch.setattr(training, "train_step", lambda *args, **kwargs: Unread(next(steps)))
+    model = GLMModel(TINY)
+    optimizer, scheduler = build_optimizer(model, OptimizerSettings(lr=1e-2, warmup=0.0, decay_iters=10))
+    loop = training.TrainingLoop(model, optimizer, scheduler, Precision(torch.device("cpu")),
+                                 ParallelEnv(torch.device("cpu")), total_iters=6, log_interval=3)
+    assert loop.run(iter(lambda: synthetic_batch(), None), 0) == 6
+    assert Unread.reads == 2  # two log lines, nothing between them
+    losses = [float(line.split("lm loss ")[1].split(" |")[0]) for line in capsys.readouterr().out.splitlines()
+              if "lm loss" in line]
+    assert losses == [2.0, 5.0]
