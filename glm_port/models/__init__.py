@@ -147,7 +147,8 @@ FAMILIES: dict[str, Family] = {
                    quantize_keep=("*output_layer",), finetune="glm_port.models.glm4.finetune",
                    detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
                    chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny",
-                   conversation="glm_port.models.glm4.conversation", weights="glm_port.models.glm4.weights"),
+                   conversation="glm_port.models.glm4.conversation", weights="glm_port.models.glm4.weights",
+                   convert="glm_port.models.glm4.convert"),
 }
 TINY_FAMILY = "chatglm2"  # the family of the embedded model a command runs with no weights given
 

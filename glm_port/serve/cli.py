@@ -32,9 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="weights of any family glm_port reads (the family from config.json); default: the "
                              "embedded random-init tiny ChatGLM2-shaped model (no downloads; talks nonsense)")
-    parser.add_argument("--chat-format", choices=("chatglm2", "chatglm3"), default=None,
-                        help="the chat format (default: what the model's tokenizer files say; chatglm2 for the "
-                             "embedded model)")
+    from glm_port.serve.engine import chat_formats
+
+    parser.add_argument("--chat-format", choices=chat_formats(), default=None,
+                        help="the chat format, one a family's chat binding speaks (default: what the model's "
+                             "tokenizer files say; chatglm2 for the embedded model; glm4 with no --model: the "
+                             "embedded tiny GLM-4)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients name (default: the directory's name)")
     net = parser.add_argument_group("network and access")

@@ -37,6 +37,29 @@ from glm_port.models import FAMILIES, TINY_FAMILY, build_tiny, family_at
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def family_chat_formats(family) -> tuple[str, ...]:
+    """The chat formats ``family`` is served in: its ``conversation`` binding's ``CHAT_FORMATS`` where it has a
+    ``chat`` binding (the server's side of the format); none without one (GLM: served by blank filling)."""
+    if family.chat is None or family.conversation is None:
+        return ()
+    return tuple(family.binding("conversation").CHAT_FORMATS)
+
+
+def chat_formats() -> tuple[str, ...]:
+    """Every chat format a family's bindings speak (glm-serve's ``--chat-format`` choices), as glm-chat's."""
+    return tuple(dict.fromkeys(f for family in FAMILIES.values() for f in family_chat_formats(family)))
+
+
+def tiny_family(chat_format: str | None = None):
+    """The family of the embedded model served for ``chat_format``: the default one (``TINY_FAMILY``) for None or
+    a format it speaks, else the first family with a ``tiny`` binding that speaks it (``glm4``: the tiny GLM-4)."""
+    order = [FAMILIES[TINY_FAMILY]] + [f for f in FAMILIES.values() if f.name != TINY_FAMILY]
+    for family in order:
+        if family.tiny is not None and (chat_format is None or chat_format in family_chat_formats(family)):
+            return family
+    raise ValueError(f"--chat-format {chat_format}: no embedded model speaks it (known: {', '.join(chat_formats())})")
+
+
 class QueueFull(RuntimeError):
     """More requests waiting than the engine's ``max_queue``."""
 
@@ -62,13 +85,17 @@ class ServedModel:
         """The model at ``path`` (any family, found by ``family_at``), or the embedded tiny model when None."""
         torch_dtype = DTYPES[dtype] if dtype else None
         if path is None:
-            family = FAMILIES[TINY_FAMILY]
-            model, tokenizer = build_tiny(chat_format=chat_format or "chatglm2")
+            family = tiny_family(chat_format)
+            model, tokenizer = build_tiny(family.name, **({"chat_format": chat_format} if chat_format else {}))
             model = model.to(device=device, dtype=torch_dtype or torch.float32)
             return cls(model, tokenizer, family, name or family.binding("tiny").NAME)
         family = family_at(path)
         if family.generation is None:
             raise ValueError(f"the {family.name} family has no generation binding to serve")
+        spoken = family_chat_formats(family)
+        if chat_format is not None and chat_format not in spoken:  # another family's format: nothing loaded
+            raise ValueError(f"--chat-format {chat_format}: {path} is a {family.name} model, whose chat formats are "
+                             f"{', '.join(spoken) or 'none'}")
         short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: None}[torch_dtype]
         model, tokenizer = family.binding("generation").load(path, dtype=short, device=device)
         if chat_format is not None and chat_format != getattr(tokenizer, "chat_format", None):

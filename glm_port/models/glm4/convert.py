@@ -1,0 +1,148 @@
+"""GLM-4 <-> transformers' native ``GlmForCausalLM`` (model_type "glm", as ``glm-4-9b-chat-hf`` ships): glm-convert.
+
+The network is ChatGLM2's, so are the names: the tensors and the config go through ``chatglm2.convert``'s mapping
+(``query_key_value`` split into ``q|k|v_proj`` and joined back, ``rope_theta`` = 10000 x ``rope_ratio``,
+``partial_rotary_factor`` 0.5), written by its ``write_plan`` (safetensors shards into a temporary directory
+renamed to DST when complete). What differs is the tokenizer:
+
+- ``--to transformers``: THUDM's tiktoken ``tokenizer.model`` becomes a ``tokenizer.json`` (transformers'
+  ``TikTokenConverter`` with GLM-4's pattern and its fourteen specials after the ranks, ``[gMASK]<sop>`` put
+  before every input by its post-processor, as GLM-4's tokenizer does), with eos/pad ``<|endoftext|>``, left
+  padding and the directory's chat template: ``AutoTokenizer`` loads it with no remote code. No
+  ``tokenizer.model`` is copied (glm-4-9b-chat-hf has none). A ``generation_config.json`` ends replies at
+  GLM-4's three stop ids.
+- ``--from transformers``: the ranks are read back from the ``tokenizer.json`` (``weights.load_tokenizer``) and
+  written as THUDM's ``tokenizer.model`` + ``tokenizer_config.json`` (``GLM4Tokenizer.save_pretrained``).
+
+glm-merge has nothing to merge for GLM-4 here (no tensor-parallel shards are written for it: it has no
+``finetune`` binding), and glm-export is refused before it starts (the family does not declare ``export``):
+``merge_checkpoint``, ``tokenizer_for``, ``quantize_checkpoint`` and ``save_checkpoint`` refuse in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from glm_port.models import WeightsError
+from glm_port.models.chatglm2.convert import (_parse_size, check_destination, from_glm_plan, to_glm_config,
+                                              to_glm_plan, write_plan)
+from glm_port.models.chatglm2.weights import TensorSource, read_config_json
+from glm_port.models.glm4.detect import is_transformers_glm
+
+TRANSFORMERS_MODEL_TYPES = ("glm",)  # transformers' native GlmForCausalLM, what from_transformers reads
+
+
+def fast_tokenizer(tokenizer, model_max_length: int | None = None):
+    """``tokenizer`` (a ``GLM4Tokenizer``) as transformers' own ``PreTrainedTokenizerFast``: the same ids for
+    text, specials and chats (``[gMASK]<sop>`` first, left padding with ``<|endoftext|>``, the chat template)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from glm_port.models.glm4.tokenizer import EOS_TOKEN, PAT_STR, PREFIX_TOKENS, SPECIAL_TOKENS
+
+    backend = TikTokenConverter(tokenizer.vocab_file, pattern=PAT_STR,
+                                extra_special_tokens=list(SPECIAL_TOKENS)).converted()
+    prefix = " ".join(PREFIX_TOKENS)
+    backend.post_processor = TemplateProcessing(
+        single=f"{prefix} $A", pair=f"{prefix} $A $B {EOS_TOKEN}",
+        special_tokens=[(t, tokenizer.get_command(t)) for t in (*PREFIX_TOKENS, EOS_TOKEN)])
+    for token in SPECIAL_TOKENS:  # the converter numbers them after the ranks, as GLM-4 does: check it
+        if backend.token_to_id(token) != tokenizer.get_command(token):
+            raise WeightsError(f"{tokenizer.vocab_file}: {token} would be id {backend.token_to_id(token)} in "
+                               f"tokenizer.json, not {tokenizer.get_command(token)}")
+    options = {"model_max_length": model_max_length} if model_max_length else {}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+                                   additional_special_tokens=list(SPECIAL_TOKENS), padding_side="left",
+                                   clean_up_tokenization_spaces=False, chat_template=tokenizer.chat_template,
+                                   **options)
+
+
+def _source_tokenizer(src):
+    """The GLM-4 tokenizer of ``src`` (its ``tokenizer.model``, or the ranks of its ``tokenizer.json``); None with
+    neither file."""
+    from glm_port.models.glm4.weights import load_tokenizer
+
+    if not any((Path(src) / name).is_file() for name in ("tokenizer.model", "tokenizer.json")):
+        return None
+    return load_tokenizer(src)
+
+
+def to_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
+    """GLM-4 directory ``src`` in THUDM's layout -> transformers ``glm`` directory ``dst`` (``GlmForCausalLM``,
+    ``AutoTokenizer`` load it with no remote code)."""
+    from glm_port.models.glm4.weights import read_config
+
+    check_destination(dst, [("SRC", src)])
+    config = read_config(src)  # a one-line error for a directory that is not GLM-4's
+    if is_transformers_glm(read_config_json(src)):
+        raise WeightsError(f"{Path(src) / 'config.json'}: already transformers' glm layout (GlmForCausalLM); "
+                           f"--from transformers converts it to THUDM's")
+    glm_config = to_glm_config(config)
+    plan = to_glm_plan(config, TensorSource(src))
+    tokenizer = _source_tokenizer(src)  # before any tensor is read: a bad tokenizer fails early
+    fast = fast_tokenizer(tokenizer, config.seq_length) if tokenizer is not None else None
+
+    def write_config(directory):
+        if dtype is not None:
+            glm_config.dtype = dtype
+        glm_config.architectures = ["GlmForCausalLM"]
+        glm_config.save_pretrained(directory)
+        if fast is not None:
+            fast.save_pretrained(directory)
+            from transformers import GenerationConfig
+
+            eos = config.eos_token_id
+            GenerationConfig(eos_token_id=list(eos) if isinstance(eos, (list, tuple)) else eos,
+                             pad_token_id=config.pad_token_id).save_pretrained(directory)
+
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="to transformers",
+               tokenizer_files=())
+
+
+def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
+    """transformers ``glm`` directory ``src`` holding a GLM-4 -> GLM-4 directory ``dst`` in THUDM's layout
+    (``model_type: chatglm``, THUDM's tensor names, ``tokenizer.model``)."""
+    from glm_port.models.glm4.weights import read_config
+
+    check_destination(dst, [("SRC", src)])
+    raw = read_config_json(src)
+    if not is_transformers_glm(raw):
+        raise WeightsError(f"{Path(src) / 'config.json'}: model_type {raw.get('model_type')!r} is not transformers' "
+                           f"GlmForCausalLM ('glm')")
+    config = read_config(src)  # GLM4Config from the GlmConfig; one line for what this port does not run
+    plan = from_glm_plan(config, TensorSource(src))
+    tokenizer = _source_tokenizer(src)
+
+    def write_config(directory):
+        config.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)  # tokenizer.model + THUDM's tokenizer_config.json
+
+    write_plan(plan, dst, write_config, dtype, _parse_size(max_shard_size), src, desc="from transformers",
+               tokenizer_files=())
+
+
+def _refused(command: str):
+    raise WeightsError(f"{command} does not write the glm4 family (glm-convert converts it)")
+
+
+def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=False, **options) -> dict:
+    """glm-merge: refused in one line (GLM-4 has no tensor-parallel shards to merge here)."""
+    raise WeightsError(f"SRC {src}: glm-merge does not merge the glm4 family")
+
+
+def tokenizer_for(src, source, tokenizer_path):
+    _refused("glm-merge")
+
+
+def quantize_checkpoint(state: dict, config, mode: str):
+    _refused("glm-export")
+
+
+def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(), **options) -> dict:
+    _refused("glm-export")
+
+
+__all__ = ["TRANSFORMERS_MODEL_TYPES", "fast_tokenizer", "from_transformers", "merge_checkpoint",
+           "quantize_checkpoint", "save_checkpoint", "to_transformers", "tokenizer_for"]
