@@ -40,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def converting_family(src, to_transformers: bool):
     """The family whose ``convert`` binding converts ``src``: ``--to``, SRC's family (its config.json,
     ``models.family_at``); ``--from``, the family that reads SRC's transformers model type (its binding's
-    ``TRANSFORMERS_MODEL_TYPES``). Where none does (no config.json, another family's, not JSON), the first
-    family that converts, whose own reading of SRC then names what is wrong in one line."""
-    from glm_port.models import FAMILIES, family_at
+    ``TRANSFORMERS_MODEL_TYPES``). ``--to`` the directory of a family with no ``convert`` binding whose model type a
+    converting family reads too (GLM-4's "chatglm"): a one-line ``WeightsError`` naming the family. Anything else
+    no converting family reads (no config.json, another model type, not JSON): the first family that converts,
+    whose own reading of SRC then names what is wrong in one line."""
+    from glm_port.models import FAMILIES, WeightsError, family_at
 
     converting = [family for family in FAMILIES.values() if family.convert is not None]
     if to_transformers:
@@ -52,6 +54,10 @@ def converting_family(src, to_transformers: bool):
             family = None
         if family in converting:
             return family
+        if family is not None and any(_model_type(src) in f.model_types for f in converting):
+            # another family's directory of a model type a converter reads (GLM-4's "chatglm", claimed by its
+            # detect hook): refused by name, not misread as the converter's own family
+            raise WeightsError(f"SRC {src}: glm-convert does not convert the {family.name} family")
     else:
         model_type = _model_type(src)
         for family in converting:
