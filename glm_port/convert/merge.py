@@ -177,7 +177,7 @@ def merge(src, out, *, dtype: str | None = None, tokenizer_type: str | None = No
     dtype = torch_dtype(dtype)
     check_not_adapter(src)
     family = family_at(src)  # its config.json, or the config its shards carry; GLM without one
-    if family.hf is None and family.convert is None:  # no rule to merge it by
+    if "merge" not in family.supports:  # declared by the family (Family.supports), before anything is read
         raise ConvertError(f"SRC {src}: glm-merge does not merge the {family.name} family")
     if family.hf is None:  # kept in its own layout: its convert binding merges
         return merge_own_layout(family, src, out, dtype=dtype, tokenizer_type=tokenizer_type,

@@ -22,6 +22,7 @@ FEATURES: dict[str, str] = {
     "recompute": "activation checkpointing (recompute)",
     "lora": "LoRA adapters",
     "export": "glm-export",
+    "merge": "glm-merge (tensor-parallel shards to one directory)",
     "decode_graph": "a decode-step graph (ONNX, torch.export)",
     "quantize": "weight-only int8/int4 quantization (--quantize)",
     "prefix_tuning": "P-Tuning v2 prefixes (THUDM's pre_seq_len)",
@@ -136,7 +137,7 @@ FAMILIES: dict[str, Family] = {
                   supports=frozenset(FEATURES) - {"prefix_tuning"}),
     "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
                        supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export",
-                                           "quantize", "prefix_tuning"}),
+                                           "merge", "quantize", "prefix_tuning"}),
                        quantize_keep=("*output_layer", "*prefix_encoder.*"),  # THUDM keeps both in float
                        generation="glm_port.models.chatglm2.generation",
                        finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",

@@ -12,9 +12,9 @@ from glm_port import models
 from glm_port.models import FAMILIES, Family
 
 
-def _fake_family(monkeypatch, **bindings) -> dict:
-    """Register a family "fake" (config.json model_type "fake") whose bindings are in-memory modules;
-    returns what they were called with."""
+def _fake_family(monkeypatch, supports=frozenset(), **bindings) -> dict:
+    """Register a family "fake" (config.json model_type "fake") whose bindings are in-memory modules, declaring
+    ``supports``; returns what they were called with."""
     calls = {}
     declared = {}
     for kind, names in bindings.items():
@@ -23,7 +23,7 @@ def _fake_family(monkeypatch, **bindings) -> dict:
             setattr(module, name, value)
         monkeypatch.setitem(sys.modules, module.__name__, module)
         declared[kind] = module.__name__
-    family = Family("fake", "glm_port.models.glm", "GLMConfig", "GLMModel", ("fake",), **declared)
+    family = Family("fake", "glm_port.models.glm", "GLMConfig", "GLMModel", ("fake",), supports=supports, **declared)
     monkeypatch.setitem(FAMILIES, "fake", family)
     return calls
 
@@ -124,7 +124,7 @@ def test_glm_merge_merges_a_family_kept_in_its_own_layout_through_its_convert_bi
 
         return dict(merge_checkpoint=merge_checkpoint)
 
-    calls = _fake_family(monkeypatch, convert=convert)
+    calls = _fake_family(monkeypatch, supports=frozenset({"merge"}), convert=convert)  # declared: merged
     directory = _directory(tmp_path)
     assert merge(directory, tmp_path / "out") == {"output": str(tmp_path / "out")}
     assert calls["merge"][:2] == (str(directory), str(tmp_path / "out"))
