@@ -238,6 +238,37 @@ class TokenStreamer:
             yield ids
 
 
+
+def stream_generate_kwargs(model, tokenizer, query: str, history, role: str, past_key_values,
+                           return_past_key_values: bool, generate_kwargs: dict, *, inputs_fn=None,
+                           stream_inputs_fn=None, kwargs_fn=None) -> tuple[dict, object]:
+    """``(generate's keywords, cache)`` for one streamed turn, as ``stream_chat`` sets it up (a family building on
+    this one passes its own prompt builders and keyword function: GLM-4's). Given ``past_key_values`` (the cache a
+    previous turn returned), the turn's own ids after it (a P-Tuning prefix in the cache takes no position, as
+    THUDM's ``stream_chat``), the attention mask over past + new and the cache; without one, the whole
+    conversation, into a new ``DynamicCache`` when ``return_past_key_values``."""
+    inputs_fn, stream_inputs_fn = inputs_fn or build_inputs, stream_inputs_fn or build_stream_inputs
+    kwargs_fn = kwargs_fn or _generate_kwargs
+    if past_key_values is None:
+        past_length, inputs = 0, inputs_fn(model, tokenizer, query, history, role)
+    else:
+        if not isinstance(past_key_values, Cache):
+            raise TypeError(f"past_key_values: expected the transformers Cache a previous stream_chat(..., "
+                            f"return_past_key_values=True) yielded, got {type(past_key_values).__name__}")
+        past_length = max(past_key_values.get_seq_length() - (getattr(model.config, "pre_seq_len", None) or 0), 0)
+        inputs = _fitting(model, stream_inputs_fn(tokenizer, query, history, role), past_length)
+    kwargs = {**inputs, **kwargs_fn(model, tokenizer, inputs, generate_kwargs, past_length)}
+    cache = past_key_values
+    if cache is None and return_past_key_values:
+        cache = DynamicCache(config=model.config)
+    if cache is not None:
+        # generate's way to continue a cache: the new ids only, the attention mask over past + new (positions
+        # follow from it), the cache itself.
+        mask = inputs["attention_mask"]
+        kwargs.update({"attention_mask": torch.cat([mask.new_ones(mask.shape[0], past_length), mask], dim=1),
+                       CACHE_KWARG: cache, "use_cache": True})
+    return kwargs, cache
+
 def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", past_key_values=None,
                 return_past_key_values: bool = False, **generate_kwargs):
     """Yield ``(response so far, history)`` as tokens arrive (``generate`` runs in a worker thread), or
@@ -250,25 +281,8 @@ def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", 
     it is complete when the stream ends.
     """
     history = list(history or [])
-    if past_key_values is None:
-        past_length, inputs = 0, build_inputs(model, tokenizer, query, history, role)
-    else:
-        if not isinstance(past_key_values, Cache):
-            raise TypeError(f"past_key_values: expected the transformers Cache a previous stream_chat(..., "
-                            f"return_past_key_values=True) yielded, got {type(past_key_values).__name__}")
-        # A P-Tuning prefix sits in the cache before the conversation; it takes no position (THUDM's stream_chat).
-        past_length = max(past_key_values.get_seq_length() - (model.config.pre_seq_len or 0), 0)
-        inputs = _fitting(model, build_stream_inputs(tokenizer, query, history, role), past_length)
-    kwargs = {**inputs, **_generate_kwargs(model, tokenizer, inputs, generate_kwargs, past_length)}
-    cache = past_key_values
-    if cache is None and return_past_key_values:
-        cache = DynamicCache(config=model.config)
-    if cache is not None:
-        # generate's way to continue a cache: the new ids only, the attention mask over past + new (positions
-        # follow from it), the cache itself.
-        mask = inputs["attention_mask"]
-        kwargs.update({"attention_mask": torch.cat([mask.new_ones(mask.shape[0], past_length), mask], dim=1),
-                       CACHE_KWARG: cache, "use_cache": True})
+    kwargs, cache = stream_generate_kwargs(model, tokenizer, query, history, role, past_key_values,
+                                           return_past_key_values, generate_kwargs)
     if is_chatglm3(tokenizer):
         stream = _stream_chatglm3(model, tokenizer, query, history, role, kwargs)
     else:

@@ -22,11 +22,9 @@ import copy
 import json
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache
 
 from glm_port.models.chatglm2.chat import (DEFAULTS, PromptTooLong, TokenStreamer, _fitting, _generate_kwargs,
-                                           _new_ids, _streamed)
-from glm_port.models.chatglm2.config import CACHE_KWARG
+                                           _new_ids, _streamed, stream_generate_kwargs)
 from glm_port.models.glm4.chat_format import declared_functions, parse_tool_call
 from glm_port.models.glm4.tokenizer import ROLES, as_messages
 
@@ -106,22 +104,9 @@ def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", 
     ``return_past_key_values``; ``past_key_values``: the cache a previous turn's stream returned, extended in place
     (ChatGLM2's ``stream_chat``, which this follows, says more)."""
     history = as_messages(history)
-    if past_key_values is None:
-        past_length, inputs = 0, build_inputs(model, tokenizer, query, history, role)
-    else:
-        if not isinstance(past_key_values, Cache):
-            raise TypeError(f"past_key_values: expected the transformers Cache a previous stream_chat(..., "
-                            f"return_past_key_values=True) yielded, got {type(past_key_values).__name__}")
-        past_length = past_key_values.get_seq_length()
-        inputs = _fitting(model, build_stream_inputs(tokenizer, query, history, role), past_length)
-    kwargs = {**inputs, **_kwargs(model, tokenizer, inputs, generate_kwargs, past_length)}
-    cache = past_key_values
-    if cache is None and return_past_key_values:
-        cache = DynamicCache(config=model.config)
-    if cache is not None:
-        mask = inputs["attention_mask"]
-        kwargs.update({"attention_mask": torch.cat([mask.new_ones(mask.shape[0], past_length), mask], dim=1),
-                       CACHE_KWARG: cache, "use_cache": True})
+    kwargs, cache = stream_generate_kwargs(model, tokenizer, query, history, role, past_key_values,
+                                           return_past_key_values, generate_kwargs, inputs_fn=build_inputs,
+                                           stream_inputs_fn=build_stream_inputs, kwargs_fn=_kwargs)
     messages = copy.deepcopy(history) + [{"role": role, "content": query}]
     stops, new, last = stop_ids(model, tokenizer), [], None
     steps = _streamed(model, kwargs, TokenStreamer())
