@@ -25,21 +25,32 @@ MASKED_SCORE = -65504.0
 
 
 def is_sep_form(attention_mask: torch.Tensor, batch_size: int) -> bool:
-    """As upstream: one number per sample (any shape) or one for all; the full form is 4-D."""
-    return attention_mask.numel() in (1, batch_size) and attention_mask.dim() < 4
+    """As upstream: one number per sample (any shape) or one for all; the full form is 4-D. The rank is
+    tested first: a 4-D mask's size is never compared (an exported graph's sizes stay dynamic)."""
+    return attention_mask.dim() < 4 and attention_mask.numel() in (1, batch_size)
 
 
 def visibility_mask(
-    attention_mask: torch.Tensor, batch_size: int, query_length: int, memory_length: int = 0
+    attention_mask: torch.Tensor | None, batch_size: int, query_length: int, memory_length: int = 0,
+    cached_length: int = 0, device=None,
 ) -> torch.Tensor:
-    """Boolean ``[b, 1, q, m + q]`` mask (True = may attend) from either mask form."""
+    """Boolean ``[b, 1, q, m + c + q]`` mask (True = may attend) from either mask form, or ``None`` (all seen).
+
+    ``memory_length`` (``m``): upstream's ``mems`` in front, always visible; ``sep`` counts from after them.
+    ``cached_length`` (``c``): a key/value cache's positions in front; ``sep`` counts them (keys before
+    ``sep``, cached ones included, are seen by every query), and the queries are positions ``c..c+q-1``.
+    ``device``: where the all-visible mask of ``None`` goes.
+    """
+    keys = memory_length + cached_length + query_length
+    if attention_mask is None:
+        return torch.ones(batch_size, 1, query_length, keys, dtype=torch.bool, device=device)
     if not is_sep_form(attention_mask, batch_size):
-        # Full form: the last m + q columns describe memory and the current segment.
-        return attention_mask[..., -(query_length + memory_length):].bool().expand(batch_size, -1, -1, -1)
+        # Full form: the last m + c + q columns describe memory, the cache and the current segment.
+        return attention_mask[..., -keys:].bool().expand(batch_size, -1, -1, -1)
     device = attention_mask.device
     sep = attention_mask.reshape(-1, 1, 1).expand(batch_size, 1, 1).long()
-    rows = torch.arange(query_length, device=device).view(1, -1, 1)
-    cols = torch.arange(query_length, device=device).view(1, 1, -1)
+    rows = torch.arange(cached_length, cached_length + query_length, device=device).view(1, -1, 1)
+    cols = torch.arange(cached_length + query_length, device=device).view(1, 1, -1)
     visible = (cols <= rows) | (cols < sep)  # causal, plus Part A seen by everyone
     if memory_length:
         memory = torch.ones(batch_size, query_length, memory_length, dtype=torch.bool, device=device)

@@ -96,53 +96,19 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         batch_size, query_length = input_ids.shape
         if use_cache and cache is None:
             cache = DynamicCache()
-        if (cache is not None and getattr(cache, "is_compileable", False) and position_ids is not None
-                and attention_mask is not None and attention_mask.dim() == 4):
-            # A preallocated cache with generate's inputs: the mask already spans the cache's buffer
-            # (prepare_inputs_for_generation), so nothing here reads the cache's length, a value on the
-            # device: a compiled decode step replays with no host synchronisation.
-            visible = attention_mask.bool().expand(batch_size, -1, -1, -1)
-        else:
-            past = cache.get_seq_length() if cache is not None else 0
-            if position_ids is None:
-                positions = torch.arange(past, past + query_length, device=input_ids.device).expand(batch_size, -1)
-                position_ids = torch.stack((positions, torch.zeros_like(positions)), dim=1)
-            visible = _visible(attention_mask, batch_size, query_length, past, input_ids.device)
-        glm = self.glm
-        transformer = glm.transformer
-        stage = self.pipeline
-        if stage is None or stage.is_first:
-            hidden = glm.word_embeddings(input_ids)
-            if transformer.config.block_position_encoding:
-                hidden = hidden + transformer.position_embeddings(position_ids[:, 0])
-                hidden = hidden + transformer.block_position_embeddings(position_ids[:, 1])
-            else:
-                hidden = hidden + transformer.position_embeddings(position_ids if position_ids.dim() == 2
-                                                                  else position_ids[:, 0])
-            hidden = transformer.embedding_dropout(hidden)
-        else:
-            hidden = stage.recv_forward((batch_size, query_length, self.config.hidden_size), self.dtype,
-                                        input_ids.device)
         layer_cache = cache if use_cache is not False else None
-        layers = range(len(transformer.layers)) if stage is None else stage.layers
-        for local, index in enumerate(layers):
-            # A pipeline stage's cache holds its own layers only, numbered from 0.
-            hidden = transformer.layers[index](hidden, visible, cache=layer_cache,
-                                               cache_index=index if stage is None else local)
-        kept = logits_to_keep or query_length
-        if stage is not None and not stage.is_last:
-            stage.send_forward(hidden)
-            logits = torch.empty(batch_size, kept, self.config.vocab_size, dtype=self.dtype, device=input_ids.device)
-        else:
-            hidden = transformer.final_layernorm(hidden[:, -kept:])
-            logits = glm.word_embeddings.logits(hidden)
-            table = glm.word_embeddings.weight
-            if hasattr(table, "device_mesh"):  # tensor parallel: this rank's vocabulary slice -> all of it
-                from torch.distributed.tensor import DTensor, Shard
-
-                logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
-                                            run_check=False).full_tensor()
+        if position_ids is None:
+            past = layer_cache.get_seq_length() if layer_cache is not None else 0
+            positions = torch.arange(past, past + query_length, device=input_ids.device).expand(batch_size, -1)
+            position_ids = torch.stack((positions, torch.zeros_like(positions)), dim=1)
+        # GLM's one forward (GLMModel): the embeddings, this stage's layers over the cache, the logits.
+        stage = self.pipeline
+        logits = self.glm(input_ids, position_ids, attention_mask, cache=layer_cache, stage=stage,
+                          logits_to_keep=logits_to_keep, parallel_output=False)[0]
         if stage is not None:  # every stage takes the same search step on the last stage's logits
+            if logits is None:
+                logits = torch.empty(batch_size, logits_to_keep or query_length, self.config.vocab_size,
+                                     dtype=self.dtype, device=input_ids.device)
             logits = stage.broadcast_from_last(logits)
         loss = None
         if labels is not None:
@@ -196,17 +162,4 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
         if "logits_to_keep" in kwargs:
             inputs["logits_to_keep"] = kwargs["logits_to_keep"]
         return inputs
-
-
-def _visible(attention_mask, batch_size, query_length, past, device):
-    """Boolean ``[b, 1, q, m + q]`` from any of the forward's mask forms."""
-    keys = past + query_length
-    if attention_mask is None:
-        return torch.ones(batch_size, 1, query_length, keys, dtype=torch.bool, device=device)
-    if attention_mask.dim() == 4:
-        return attention_mask[..., -keys:].bool().expand(batch_size, -1, -1, -1)
-    sep = attention_mask.reshape(-1, 1, 1).expand(batch_size, 1, 1).long()
-    rows = torch.arange(past, keys, device=device).view(1, -1, 1)
-    cols = torch.arange(keys, device=device).view(1, 1, -1)
-    return ((cols <= rows) | (cols < sep)).unsqueeze(1)
 

@@ -163,7 +163,8 @@ class TransformerLayer(nn.Module):
 
 
 class GLMTransformer(nn.Module):
-    """Position embeddings, the layers and the final LayerNorm (upstream's GPT2ParallelTransformer)."""
+    """Position embeddings, the layers and the final LayerNorm (upstream's GPT2ParallelTransformer). Its
+    ``forward`` stops before the final LayerNorm, which ``GLMModel.forward`` applies to the positions it keeps."""
 
     def __init__(self, config: GLMConfig):
         super().__init__()
@@ -184,36 +185,47 @@ class GLMTransformer(nn.Module):
                 self.layers.append(TransformerLayer(config, output_init, layer_idx=index))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
 
-    def forward(self, hidden, position_ids, attention_mask, mems=(), return_memory=False):
-        batch_size, query_length = hidden.shape[:2]
-        memory_length = mems[0].size(1) if mems else 0
-        visible = visibility_mask(attention_mask, batch_size, query_length, memory_length)
+    def embed_positions(self, hidden, position_ids):
+        """``hidden`` (word embeddings) plus the position (and block position) embeddings, then dropout.
+        ``position_ids``: ``[b, 2, s]`` (position, block position) or, without block positions, ``[b, s]``
+        (or ``[b, 2, s]``, whose block row is then unused)."""
         if self.config.block_position_encoding:
             hidden = hidden + self.position_embeddings(position_ids[:, 0])
             hidden = hidden + self.block_position_embeddings(position_ids[:, 1])
         else:
-            hidden = hidden + self.position_embeddings(position_ids)
-        hidden = self.embedding_dropout(hidden)
+            hidden = hidden + self.position_embeddings(position_ids if position_ids.dim() == 2 else position_ids[:, 0])
+        return self.embedding_dropout(hidden)
 
-        keep_memory = self.config.max_memory_length > 0 or return_memory
+    def forward(self, hidden, position_ids, visible, mems=(), return_memory=False, *, cache=None, stage=None):
+        """The last layer's output (before ``final_layernorm``) and the new ``mems``.
+
+        ``hidden``: the word embeddings, or on a later pipeline ``stage`` the previous stage's output (the
+        position embeddings are the first stage's). ``visible``: the boolean mask (``visibility_mask``).
+        ``cache`` (a transformers ``Cache``): keys and values of earlier positions, extended in place; each
+        layer's slot is its index among the layers run here (a stage's own, numbered from 0).
+        """
+        if stage is None or stage.is_first:
+            hidden = self.embed_positions(hidden, position_ids)
+        layers = [self.layers[i] for i in (range(len(self.layers)) if stage is None else stage.layers)]
+        keep_memory = cache is None and (self.config.max_memory_length > 0 or return_memory)
         layer_inputs = [hidden.detach()] if keep_memory else []
         # Layers run in chunks of checkpoint_num_layers under checkpointing, one by one otherwise and
-        # whenever every layer's output is kept as memory.
-        chunk = self.config.checkpoint_num_layers if self._checkpointing() and not keep_memory else 1
-        for start in range(0, len(self.layers), chunk):
-            layers = self.layers[start:start + chunk]
-            layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(layers)
-            if self._checkpointing():
+        # whenever every layer's output is kept as memory. Never with a cache: recomputing would append twice.
+        checkpointing = self._checkpointing() and cache is None
+        chunk = self.config.checkpoint_num_layers if checkpointing and not keep_memory else 1
+        for start in range(0, len(layers), chunk):
+            chunk_layers = layers[start:start + chunk]
+            layer_mems = list(mems[start:start + chunk]) if mems else [None] * len(chunk_layers)
+            if checkpointing:
                 hidden = torch.recompute.checkpoint(
-                    _run_layers(layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
+                    _run_layers(chunk_layers), hidden, visible, *layer_mems, policy=self._checkpoint_policy()
                 )
             else:
-                hidden = _run_layers(layers)(hidden, visible, *layer_mems)
+                hidden = _run_layers(chunk_layers, cache, start)(hidden, visible, *layer_mems)
             if keep_memory:
                 layer_inputs.append(hidden.detach())
-        output = self.final_layernorm(hidden)
         new_mems = self._update_mems(layer_inputs, mems, return_memory) if keep_memory else []
-        return output, new_mems
+        return hidden, new_mems
 
     def compile_layers(self, **options) -> None:
         """``torch.compile`` each layer in place (``nn.Module.compile``, so parameter names stay as they are)."""
@@ -239,10 +251,10 @@ class GLMTransformer(nn.Module):
         return [torch.cat((m, h), dim=1)[:, -keep:] for m, h in zip(mems, hiddens)]
 
 
-def _run_layers(layers):
+def _run_layers(layers, cache=None, first_cache_index=0):
     def run(hidden, visible, *layer_mems):
-        for layer, mem in zip(layers, layer_mems):
-            hidden = layer(hidden, visible, mem=mem)
+        for offset, (layer, mem) in enumerate(zip(layers, layer_mems)):
+            hidden = layer(hidden, visible, mem=mem, cache=cache, cache_index=first_cache_index + offset)
         return hidden
 
     return run
@@ -251,8 +263,12 @@ def _run_layers(layers):
 class GLMModel(nn.Module):
     """GLM language model: ``forward(input_ids, position_ids, attention_mask, *mems) -> (logits, *mems)``.
 
-    ``attention_mask`` is the ``sep`` form (``[b]`` or a scalar) or the full form ``[b, 1, q, m + q]``.
-    ``position_ids`` is ``[b, 2, s]`` (position, block position) with 2D positions, else ``[b, s]``.
+    GLM's only forward: training, upstream's ``mems``, and generation with a key/value cache (the
+    transformers model in ``hf.py`` delegates here) all run it.
+
+    ``attention_mask`` is the ``sep`` form (``[b]`` or a scalar), the full form ``[b, 1, q, m + q]``, or
+    ``None`` (everything visible); see ``attention.visibility_mask``.
+    ``position_ids`` is ``[b, 2, s]`` (position, block position) with 2D positions, else ``[b, s]`` or ``[b, 2, s]``.
     ``logit_positions`` (boolean ``[b, s]``, or the index tuple of its ``nonzero(as_tuple=True)``) limits
     the logits to those positions, flattened: ``[n, V]``.
     """
@@ -271,13 +287,58 @@ class GLMModel(nn.Module):
         # Hugging Face GLM checkpoints nest these weights under "glm."; accept them as they are.
         self.register_load_state_dict_pre_hook(strip_hf_prefix)
 
-    def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False, logit_positions=None):
-        hidden = self.word_embeddings(input_ids)
-        hidden, new_mems = self.transformer(hidden, position_ids, attention_mask, mems, return_memory=return_memory)
+    def forward(self, input_ids, position_ids, attention_mask, *mems, return_memory=False, logit_positions=None,
+                cache=None, stage=None, logits_to_keep=0, parallel_output=True):
+        """``(logits, *new_mems)``.
+
+        ``cache`` (a transformers ``Cache``): keys and values of the ``c`` earlier positions, extended with
+        these; ``sep`` then counts them (``visibility_mask``'s ``cached_length``). A preallocated
+        (compileable) cache with a 4-D mask spanning its buffer is used as it is: nothing reads the cache's
+        length, a value on the device, so a compiled step needs no host synchronisation. ``mems`` and a
+        cache do not combine.
+        ``stage`` (a ``glm_port.distributed.PipelineStage``): run this stage's layers only; a later stage
+        receives its input from the previous one, an earlier one sends its output on and returns ``None``
+        as its logits. ``logits_to_keep``: only the last n positions' logits (0 = all).
+        ``parallel_output`` (upstream's name): under tensor parallel, this rank's vocabulary slice of the
+        logits (as training's loss takes them); off, all of the vocabulary.
+        """
+        if mems and cache is not None:
+            raise ValueError("GLM's mems (hidden states) and a key/value cache do not combine: pass one")
+        batch_size, query_length = input_ids.shape
+        visible = self._visible(attention_mask, batch_size, query_length, mems, cache, input_ids.device)
+        if stage is None or stage.is_first:
+            hidden = self.word_embeddings(input_ids)
+        else:
+            dtype = next(p.dtype for p in self.parameters() if not p.is_meta)
+            hidden = stage.recv_forward((batch_size, query_length, self.config.hidden_size), dtype, input_ids.device)
+        hidden, new_mems = self.transformer(hidden, position_ids, visible, mems, return_memory=return_memory,
+                                            cache=cache, stage=stage)
+        if stage is not None and not stage.is_last:
+            stage.send_forward(hidden)
+            return (None, *new_mems)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
         if logit_positions is not None:
             # Logits [n, V] for the n selected positions only. Training counts the loss
             # of Part B alone, so the vocabulary projection and the loss skip most of the sequence.
             hidden = hidden[logit_positions]
+        hidden = self.transformer.final_layernorm(hidden)  # per position: after the selection, the same
         # Output layer tied to the input embeddings, no bias; vocab-sharded under tensor parallel.
         logits = self.word_embeddings.logits(hidden)
+        table = self.word_embeddings.weight
+        if not parallel_output and hasattr(table, "device_mesh"):  # this rank's vocabulary slice -> all of it
+            from torch.distributed.tensor import DTensor, Shard
+
+            logits = DTensor.from_local(logits, table.device_mesh, [Shard(logits.dim() - 1)],
+                                        run_check=False).full_tensor()
         return (logits, *new_mems)
+
+    @staticmethod
+    def _visible(attention_mask, batch_size, query_length, mems, cache, device):
+        if (cache is not None and getattr(cache, "is_compileable", False) and attention_mask is not None
+                and attention_mask.dim() == 4):
+            # The mask already spans the preallocated buffer (hf.prepare_inputs_for_generation).
+            return attention_mask.bool().expand(batch_size, -1, -1, -1)
+        memory_length = mems[0].size(1) if mems else 0
+        cached_length = cache.get_seq_length() if cache is not None else 0
+        return visibility_mask(attention_mask, batch_size, query_length, memory_length, cached_length, device=device)
