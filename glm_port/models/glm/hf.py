@@ -1,7 +1,8 @@
 """GLM for generation: a transformers ``PreTrainedModel`` + ``GenerationMixin`` over glm_port's GLM.
 
 ``GLMForConditionalGeneration`` holds the GLM model as ``self.glm`` (so its state dict is THUDM's
-Hugging Face one: ``glm.word_embeddings.weight``, ...) and runs it with a key/value cache: a
+Hugging Face one: ``glm.word_embeddings.weight``, ...) and runs GLM's one forward (``GLMModel.forward``,
+this class adding only default positions and the loss) with a key/value cache: a
 transformers ``Cache`` (``DynamicCache`` by default) holds every layer's keys and values, so a decode
 step projects only the new token. Upstream's ``mems`` hold hidden states and re-project Q/K/V over
 ``[mem; h]`` at every step; the math is the same (keys and values of earlier positions do not change),
