@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
@@ -114,24 +115,32 @@ class GLMPretrainedConfig(PretrainedConfig):
             raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
         if self.spell_length:
             raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
-        return GLMConfig(
-            vocab_size=self.vocab_size, num_layers=self.num_layers, hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads, max_sequence_length=self.max_sequence_length,
-            embedding_dropout_prob=self.embedding_dropout_prob, attention_dropout_prob=self.attention_dropout_prob,
-            output_dropout_prob=self.output_dropout_prob, layernorm_epsilon=self.layernorm_epsilon,
-            init_method_std=self.initializer_range, block_position_encoding=self.block_position_encoding,
-            attention_impl=self.attention_impl, intermediate_size=self.intermediate_size,
-        )
+        return GLMConfig(**{field: getattr(self, name) for field, name in config_json_fields().items()})
 
     @classmethod
     def from_glm_config(cls, config: GLMConfig, **kwargs) -> "GLMPretrainedConfig":
         fields = config.to_dict()
-        return cls(
-            num_layers=fields["num_layers"], vocab_size=fields["vocab_size"], hidden_size=fields["hidden_size"],
-            num_attention_heads=fields["num_attention_heads"], max_sequence_length=fields["max_sequence_length"],
-            embedding_dropout_prob=fields["embedding_dropout_prob"],
-            attention_dropout_prob=fields["attention_dropout_prob"],
-            output_dropout_prob=fields["output_dropout_prob"], layernorm_epsilon=fields["layernorm_epsilon"],
-            initializer_range=fields["init_method_std"], block_position_encoding=fields["block_position_encoding"],
-            attention_impl=fields["attention_impl"], intermediate_size=fields["intermediate_size"], **kwargs,
-        )
+        return cls(**{name: fields[field] for field, name in config_json_fields().items()}, **kwargs)
+
+
+# GLMConfig's fields config.json spells otherwise; every other field of both is spelled alike.
+JSON_NAMES = {"init_method_std": "initializer_range"}
+# GLMConfig's fields that are how a model is run (trained), not what it is: never in config.json.
+RUN_ONLY_FIELDS = ("max_memory_length", "checkpoint_activations", "checkpoint_num_layers", "checkpoint_policy")
+
+
+def config_json_fields() -> dict[str, str]:
+    """GLMConfig field -> its config.json name (``GLMPretrainedConfig``'s argument), for every field but the
+    run-only ones: the one mapping both conversions use, so a field added to one config and not the other
+    is an error here (``test_one_forward``) rather than a silently dropped value."""
+    arguments = inspect.signature(GLMPretrainedConfig.__init__).parameters
+    mapping = {}
+    for field in dataclasses.fields(GLMConfig):
+        if field.name in RUN_ONLY_FIELDS:
+            continue
+        name = JSON_NAMES.get(field.name, field.name)
+        if name not in arguments:
+            raise TypeError(f"GLMConfig.{field.name} has no config.json field ({name}): add it to "
+                            f"GLMPretrainedConfig or to RUN_ONLY_FIELDS")
+        mapping[field.name] = name
+    return mapping
