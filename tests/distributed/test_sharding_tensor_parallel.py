@@ -149,13 +149,28 @@ CHECKS = {name: fn for name, fn in globals().items() if name.startswith("check_"
 
 @pytest.fixture(scope="module")
 def results(launch, tmp_path_factory):
-    os.environ[SAVE_DIR] = str(tmp_path_factory.mktemp("sharding_tp"))
+    directory = tmp_path_factory.mktemp("sharding_tp")
+    os.environ[SAVE_DIR] = str(directory)
     try:
-        return launch(CHECKS, world_size=4)
+        return launch(CHECKS, world_size=4), directory
     finally:
         del os.environ[SAVE_DIR]
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_tp_sharded(results, name):
-    results.assert_passed(name)
+    results[0].assert_passed(name)
+
+
+def test_tensor_parallel_dcp_checkpoint_is_not_read_whole_nor_loaded_at_another_size(results):
+    """Its global tensors are in the tensor-parallel ranks' order (Megatron's strided QKV): glm-merge's reader
+    and a load at tensor parallel 1 refuse it in one line instead of taking the weights misordered."""
+    from glm_port.checkpoint_io import CheckpointError, find_checkpoint, load_checkpoint, read_sharded_weights
+
+    checks, directory = results
+    checks.assert_passed("check_sharded_checkpoint_resumes_at_the_same_layout")
+    path = find_checkpoint(directory / "ckpt")
+    with pytest.raises(CheckpointError, match="saved at tensor parallel 2 is not read whole"):
+        read_sharded_weights(path.parent)
+    with pytest.raises(CheckpointError, match="saved at tensor parallel 2 loads at the same tensor-parallel size"):
+        load_checkpoint(directory / "ckpt", GLMModel(CONFIG))
