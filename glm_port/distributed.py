@@ -75,8 +75,9 @@ class ParallelEnv:
             )
         degree = resolve_degree(sharding_stage, sharding_degree, world_size, tensor_parallel_size)
         if sharding_stage and tensor_parallel_size > 1 and degree != world_size // tensor_parallel_size:
-            raise ValueError(f"--sharding_degree {degree} with tensor parallel {tensor_parallel_size} is not supported: "
-                             "under tensor parallel shard over every data-parallel rank (leave --sharding_degree out)")
+            raise ValueError(f"--sharding_degree {degree} with tensor parallel {tensor_parallel_size} is not "
+                             "supported: under tensor parallel shard over every data-parallel rank (leave "
+                             "--sharding_degree out)")
         device = torch.device(device) if device else torch.device()
         if device.type == "cuda":
             torch.cuda.set_device(device)

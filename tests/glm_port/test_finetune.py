@@ -262,18 +262,22 @@ def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_mod
 
 def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
     """--sharding stage3 with --tensor_parallel_degree 2 on 4 ranks (FSDP2 over the dp dimension of the (dp, tp)
-    mesh, each dp rank at batch 16) == one process at batch 32: the same losses, the step-2 checkpoint as DCP
-    shards, the final model saved as tensor parallel saves it (mp_rank_XX), merging into the one-process model."""
-    argv = [*TP_ARGV, "--save_steps", "2", "--sharding", "stage3", "--per_device_train_batch_size", "16"]
+    mesh, each dp rank at batch 16) == one process at batch 32: the same losses and scores, the step-2
+    checkpoint as DCP shards, the final model saved as tensor parallel saves it (mp_rank_XX), merging into the
+    one-process model."""
+    scored = [*TP_ARGV, "--do_eval", "true", "--num_beams", "2", "--per_device_eval_batch_size", "48"]
+    argv = [*scored, "--save_steps", "2", "--sharding", "stage3", "--per_device_train_batch_size", "16"]
     log, = _run_two_ranks(tmp_path, [*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")],
                           world=4)
     assert " > --sharding stage3: FSDP2 over 2 ranks" in log
-    single_log = _run([*TP_ARGV, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")],
+    single_log = _run([*scored, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")],
                       capsys)
     parallel, single = _losses(log), _losses(single_log)
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
         assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    # evaluation (beam search through the TP x FSDP model) scores as one process's
+    assert [m.groups() for m in EVAL.finditer(log)] == [m.groups() for m in EVAL.finditer(single_log)] != []
     assert {".metadata", *(f"__{r}_0.distcp" for r in range(4)), "training_state.pt"} <= {
         p.name for p in (tmp_path / "tp" / "checkpoints" / "2").iterdir()}
     shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
