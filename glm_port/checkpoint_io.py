@@ -179,7 +179,10 @@ def save_sharded_checkpoint(save_dir, iteration: int, model, *, config, optimize
     dcp.save(state, checkpoint_id=str(staging))
     if dist.get_rank() == 0:
         with open(staging / SHARDED_STATE, "wb") as f:
-            torch.save(_training_state(iteration, config, scheduler, grad_scaler, save_rng), f)
+            sd = _training_state(iteration, config, scheduler, grad_scaler, save_rng)
+            if tensor_parallel_size() > 1:  # its global tensors are in the tensor-parallel ranks' order
+                sd["tensor_parallel_size"] = tensor_parallel_size()
+            torch.save(sd, f)
             f.flush()
             os.fsync(f.fileno())
     dist.barrier()
@@ -201,6 +204,10 @@ def load_sharded_checkpoint(path, model, *, optimizer=None, scheduler=None, grad
 
     directory = Path(path).parent
     sd = read_checkpoint(directory / SHARDED_STATE)
+    saved_tp = int(sd.get("tensor_parallel_size", 1))
+    if saved_tp != tensor_parallel_size():
+        raise CheckpointError(f"{directory}: a sharded checkpoint saved at tensor parallel {saved_tp} loads at the "
+                              f"same tensor-parallel size only (here {tensor_parallel_size()})")
     state = {"model": get_model_state_dict(model)}
     with_optimizer = load_optimizer and optimizer is not None
     if with_optimizer:
@@ -230,6 +237,11 @@ def read_sharded_weights(directory) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    state_file = Path(directory) / SHARDED_STATE
+    saved_tp = int(read_checkpoint(state_file).get("tensor_parallel_size", 1)) if state_file.is_file() else 1
+    if saved_tp > 1:
+        raise CheckpointError(f"{directory}: a sharded checkpoint saved at tensor parallel {saved_tp} is not read "
+                              "whole: take the run's final/ (mp_rank_XX shards), or resume at that size")
     reader = dcp.FileSystemReader(str(directory))
     try:
         metadata = reader.read_metadata()

@@ -63,7 +63,8 @@ class ParallelEnv:
     def from_environment(cls, tensor_parallel_size: int = 1, backend: str | None = None, device: str | None = None,
                          sharding_stage: int = 0, sharding_degree: int | None = None):
         """``sharding_stage`` 1-3 (0: off) shards parameters, gradients and optimizer state over
-        ``sharding_degree`` data-parallel ranks (None: all of them) with FSDP2 (``glm_port.sharding``)."""
+        ``sharding_degree`` data-parallel ranks (None: all of them) with FSDP2 (``glm_port.sharding``); with
+        ``tensor_parallel_size`` > 1 over the dp dimension of the (dp, tp) mesh, every data-parallel rank."""
         from glm_port.sharding import Sharding, fsdp_mesh, resolve_degree
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -72,11 +73,11 @@ class ParallelEnv:
                 f"--model-parallel-size {tensor_parallel_size} does not divide the {world_size} processes "
                 f"(launch with torchrun --nproc_per_node N, N a multiple of it)"
             )
-        if sharding_stage and tensor_parallel_size > 1:
-            raise ValueError(f"sharded data parallel (ZeRO stage {sharding_stage}) with tensor parallel "
-                             f"{tensor_parallel_size} is not supported: shard over data parallel alone, or split "
-                             "the model with tensor parallel alone")
         degree = resolve_degree(sharding_stage, sharding_degree, world_size, tensor_parallel_size)
+        if sharding_stage and tensor_parallel_size > 1 and degree != world_size // tensor_parallel_size:
+            raise ValueError(f"--sharding_degree {degree} with tensor parallel {tensor_parallel_size} is not "
+                             "supported: under tensor parallel shard over every data-parallel rank (leave "
+                             "--sharding_degree out)")
         device = torch.device(device) if device else torch.device()
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -107,8 +108,8 @@ class ParallelEnv:
     @property
     def _syncs_gradients_itself(self) -> bool:
         # torch's DDP cannot bucket DTensor parameters, so with tensor parallel the data-parallel
-        # all-reduce is done here, once per step, on each rank's shards.
-        return self.dp_size > 1 and self.tp_size > 1
+        # all-reduce is done here, once per step, on each rank's shards (under sharding FSDP2 reduce-scatters).
+        return self.dp_size > 1 and self.tp_size > 1 and self.sharding is None
 
     def shard(self, model, compute_dtype=None):
         """Under sharding: ``fully_shard`` the model in place (before its optimizer is built: the parameters

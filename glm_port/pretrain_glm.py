@@ -208,6 +208,10 @@ def setup(args) -> Run:
     """Everything before the first step; bad input fails here, before anything is written."""
     if args.local_rank is not None:  # older launchers pass --local_rank instead of setting LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    if args.zero_stage and args.model_parallel_size > 1:  # composed in glm-finetune; not tested through here
+        raise ValueError(f"sharded data parallel (ZeRO stage {args.zero_stage}) with tensor parallel "
+                         f"{args.model_parallel_size} is not supported by glm-pretrain: shard over data parallel "
+                         "alone, or split the model with tensor parallel alone (glm-finetune composes them)")
     env = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device,
                                        sharding_stage=args.zero_stage)
     if args.train_batch_size is not None:

@@ -172,11 +172,13 @@ def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
         if dist.is_initialized():
             dist.all_reduce(total, op=dist.ReduceOp.MAX)
     else:
-        powers = []
+        powers, world = [], dist.get_world_size() if dist.is_initialized() else 1
         for g, piece in zip(grads, local):
-            # replicated copies (HSDP's replica dimension) are divided out, so the world's sum counts them once
-            copies = math.prod(g.device_mesh.size(i) for i, p in enumerate(g.placements) if p.is_replicate()) \
-                if isinstance(g, DTensor) else (dist.get_world_size() if dist.is_initialized() else 1)
+            # copies held by several ranks (HSDP's replica dimension; a tensor-parallel rank's parameter that
+            # tensor parallel leaves whole, sharded over dp alone) are divided out: the world's sum counts once
+            # (a dimension that splits the tensor: Shard, or FSDP's _StridedShard over a tensor-parallel Shard)
+            copies = world // math.prod(g.device_mesh.size(i) for i, p in enumerate(g.placements)
+                                        if not p.is_replicate()) if isinstance(g, DTensor) else world
             value = torch.linalg.vector_norm(piece.detach().float(), norm_type) ** norm_type if piece.numel() \
                 else piece.new_zeros((), dtype=torch.float32)
             powers.append(value / copies)
@@ -207,6 +209,24 @@ def full_state_dict(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def tensor_parallel_state_dict(model, dtype=None) -> dict:
+    """Under tensor parallel: this rank's tensor-parallel slices of the weights, gathered over the
+    data-parallel dimension only, on CPU in ``dtype`` (None: as held): what a tensor-parallel run without
+    sharding saves per rank (``distributed.local_state_dict``, upstream's ``mp_rank_XX``); collective over
+    the data-parallel ranks. A tensor that tensor parallel leaves whole (sharded over dp alone) comes whole."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    state = {}
+    for name, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            names = value.device_mesh.mesh_dim_names or ()
+            placements = [p if dim == "tp" else Replicate() for dim, p in zip(names, value.placements)]
+            value = value.redistribute(value.device_mesh, placements).to_local()
+        value = value.detach().cpu()
+        state[name] = value.to(dtype) if dtype is not None and value.is_floating_point() else value.clone()
+    return state
 
 
 def unsharded_twin(model, state: dict):

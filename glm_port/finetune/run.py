@@ -133,14 +133,14 @@ def _check_features(args) -> None:
     if args.sharding_stage and (args.pre_seq_len is not None or args.ptuning_checkpoint is not None):
         raise FinetuneError(f"--sharding {args.sharding} with P-Tuning is not supported: only the prefix trains, "
                             "train it with plain data parallel (drop --sharding)")
-    if args.sharding_stage and args.tensor_parallel_degree > 1:
-        raise FinetuneError(f"--sharding {args.sharding} with --tensor_parallel_degree > 1 is not supported: shard "
-                            "over data parallel alone, or split the model with tensor parallel alone")
     if args.sharding_stage:  # before anything is written (the embedded task's files included)
         from glm_port.sharding import resolve_degree
 
-        resolve_degree(args.sharding_stage, args.sharding_degree, int(os.environ.get("WORLD_SIZE", "1")),
-                       args.tensor_parallel_degree)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        degree = resolve_degree(args.sharding_stage, args.sharding_degree, world_size, args.tensor_parallel_degree)
+        if args.tensor_parallel_degree > 1 and degree != world_size // args.tensor_parallel_degree:
+            raise FinetuneError(f"--sharding_degree {degree} with --tensor_parallel_degree > 1 is not supported: "
+                                "under tensor parallel shard over every data-parallel rank (drop --sharding_degree)")
     family.require(
         (args.tensor_parallel_degree > 1 and f"--tensor_parallel_degree {args.tensor_parallel_degree}",
          "tensor_parallel"),
@@ -563,6 +563,15 @@ def save_model(args, session: Session, directory: Path, step: int) -> None:
             follow_umask(directory)  # safetensors writes its files 0600: the umask's modes, as every other file
             if keep_base and env.tp_size == 1:
                 follow_umask(base_dir)
+        return
+    if env.sharding is not None and env.tp_size > 1:  # gathered over dp: each tp rank's slices, as below
+        from glm_port.sharding import tensor_parallel_state_dict
+
+        state = tensor_parallel_state_dict(model, session.save_dtype)
+        save_checkpoint(directory, step, state, config=session.config, save_rng=False, tp_rank=env.tp_rank,
+                        writer=env.dp_rank == 0)
+        if env.is_main:
+            binding.save_tokenizer(session.tokenizer, directory, session.tokenizer_source)
         return
     if env.sharding is not None:  # every rank gathers; rank 0 writes the whole model as one process does
         from glm_port.sharding import full_state_dict, unsharded_twin

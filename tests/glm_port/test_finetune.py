@@ -260,6 +260,39 @@ def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_mod
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
 
 
+def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
+    """--sharding stage3 with --tensor_parallel_degree 2 on 4 ranks (FSDP2 over the dp dimension of the (dp, tp)
+    mesh, each dp rank at batch 16) == one process at batch 32: the same losses and scores, the step-2
+    checkpoint as DCP shards, the final model saved as tensor parallel saves it (mp_rank_XX), merging into the
+    one-process model."""
+    scored = [*TP_ARGV, "--do_eval", "true", "--num_beams", "2", "--per_device_eval_batch_size", "48"]
+    argv = [*scored, "--save_steps", "2", "--sharding", "stage3", "--per_device_train_batch_size", "16"]
+    log, = _run_two_ranks(tmp_path, [*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")],
+                          world=4)
+    assert " > --sharding stage3: FSDP2 over 2 ranks" in log
+    single_log = _run([*scored, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")],
+                      capsys)
+    parallel, single = _losses(log), _losses(single_log)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    # evaluation (beam search through the TP x FSDP model) scores as one process's
+    assert [m.groups() for m in EVAL.finditer(log)] == [m.groups() for m in EVAL.finditer(single_log)] != []
+    assert {".metadata", *(f"__{r}_0.distcp" for r in range(4)), "training_state.pt"} <= {
+        p.name for p in (tmp_path / "tp" / "checkpoints" / "2").iterdir()}
+    shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
+    assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    from glm_port import GLMForConditionalGeneration
+
+    merged = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "final").glm.eval()
+    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
+                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
 def test_sharding_in_one_process_says_there_is_nothing_to_shard(tmp_path, capsys):
     out = _run(["--sharding", "stage2", "--max_steps", "1", "--logging_steps", "1", "--do_eval", "false",
                 "--output_dir", str(tmp_path)],
@@ -273,8 +306,8 @@ def test_sharding_in_one_process_says_there_is_nothing_to_shard(tmp_path, capsys
     (["--sharding", "stage3", "--lora"], "2", "--sharding stage3 with LoRA is not supported"),
     (["--sharding", "stage2", "--model_name_or_path", "chatglm2-tiny", "--pre_seq_len", "4"], "2",
      "--sharding stage2 with P-Tuning is not supported"),
-    (["--sharding", "stage3", "--tensor_parallel_degree", "2"], "4",
-     "--sharding stage3 with --tensor_parallel_degree > 1 is not supported"),
+    (["--sharding", "stage3", "--tensor_parallel_degree", "2", "--sharding_degree", "1"], "4",
+     "--sharding_degree 1 with --tensor_parallel_degree > 1 is not supported"),
     (["--sharding", "stage4"], "2", "--sharding 'stage4': choose stage1, stage2 or stage3"),
 ])
 def test_bad_sharding_is_one_line_exit_2_and_nothing_written(argv, world, message, tmp_path, capsys, monkeypatch):

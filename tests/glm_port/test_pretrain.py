@@ -200,7 +200,8 @@ def test_zero_stage_with_model_parallel_is_one_line_exit_2(tmp_path, capsys, mon
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["glm-pretrain: error: sharded data parallel (ZeRO stage 2) with tensor parallel 2 is not "
-                   "supported: shard over data parallel alone, or split the model with tensor parallel alone"]
+                   "supported by glm-pretrain: shard over data parallel alone, or split the model with tensor "
+                   "parallel alone (glm-finetune composes them)"]
     assert not (tmp_path / "s").exists()
 
 
