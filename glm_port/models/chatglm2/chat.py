@@ -310,18 +310,27 @@ def _stream_chatglm2(model, tokenizer, query, history, kwargs):
 
 def _stream_chatglm3(model, tokenizer, query, history, role, kwargs):
     messages = copy.deepcopy(as_messages(history)) + [{"role": role, "content": query}]
-    stops, new, last = stop_ids(model, tokenizer), [], None
+    yield from stream_messages(model, tokenizer, kwargs, messages, stop_ids(model, tokenizer),
+                               process_chatglm3_response)
+
+
+def stream_messages(model, tokenizer, kwargs: dict, messages: list, stops, process):
+    """Yield ``process(reply so far, messages)`` as ``generate(**kwargs)`` streams token ids (a worker thread),
+    the reply decoded with its specials up to the first of ``stops``: at each whole new character, and the whole
+    reply last (as ``chat`` returns it, empty or cut in a character). The role-token formats' stream (ChatGLM3's,
+    GLM-4's with its own ``process``)."""
+    new, last = [], None
     steps = _streamed(model, kwargs, TokenStreamer())
-    with contextlib.closing(steps):
+    with contextlib.closing(steps):  # closing this stream closes the worker's (see _streamed)
         for ids in steps:
             new += ids
             text = tokenizer.decode(_new_ids(new, stops))
             if text and not text.endswith("\ufffd") and text != last:  # a whole character, something new
                 last = text
-                yield process_chatglm3_response(text, messages)
+                yield process(text, messages)
     text = tokenizer.decode(_new_ids(new, stops))
-    if text != last:  # the whole reply comes last, as chat returns it (empty, or cut in a character)
-        yield process_chatglm3_response(text, messages)
+    if text != last:
+        yield process(text, messages)
 
 
 # ---------------------------------------------------------------- the chat format as a server speaks it

@@ -23,8 +23,8 @@ import json
 
 import torch
 
-from glm_port.models.chatglm2.chat import (DEFAULTS, PromptTooLong, TokenStreamer, _fitting, _generate_kwargs,
-                                           _new_ids, _streamed, stream_generate_kwargs)
+from glm_port.models.chatglm2.chat import (DEFAULTS, PromptTooLong, _fitting, _generate_kwargs, _new_ids,
+                                           stream_generate_kwargs, stream_messages)
 from glm_port.models.glm4.chat_format import declared_functions, parse_tool_call
 from glm_port.models.glm4.tokenizer import ROLES, as_messages
 
@@ -108,20 +108,10 @@ def stream_chat(model, tokenizer, query: str, history=None, role: str = "user", 
                                            return_past_key_values, generate_kwargs, inputs_fn=build_inputs,
                                            stream_inputs_fn=build_stream_inputs, kwargs_fn=_kwargs)
     messages = copy.deepcopy(history) + [{"role": role, "content": query}]
-    stops, new, last = stop_ids(model, tokenizer), [], None
-    steps = _streamed(model, kwargs, TokenStreamer())
+    steps = stream_messages(model, tokenizer, kwargs, messages, stop_ids(model, tokenizer), process_response)
     with contextlib.closing(steps):
-        for ids in steps:
-            new += ids
-            text = tokenizer.decode(_new_ids(new, stops))
-            if text and not text.endswith("\ufffd") and text != last:  # a whole character, something new
-                last = text
-                response, new_history = process_response(text, messages)
-                yield (response, new_history, cache) if return_past_key_values else (response, new_history)
-    text = tokenizer.decode(_new_ids(new, stops))
-    if text != last:  # the whole reply comes last, as chat returns it
-        response, new_history = process_response(text, messages)
-        yield (response, new_history, cache) if return_past_key_values else (response, new_history)
+        for response, new_history in steps:
+            yield (response, new_history, cache) if return_past_key_values else (response, new_history)
 
 
 # ---------------------------------------------------------------- the chat format as a server speaks it
