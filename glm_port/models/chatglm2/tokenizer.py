@@ -208,11 +208,7 @@ class ChatGLM2Tokenizer(PreTrainedTokenizer):
         return BatchEncoding({"input_ids": [ids], "attention_mask": [[1] * len(ids)]}, tensor_type="pt")
 
     def save_vocabulary(self, save_directory, filename_prefix=None):
-        name = (filename_prefix + "-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
-        path = os.path.join(save_directory, name) if os.path.isdir(save_directory) else save_directory
-        if os.path.abspath(path) != os.path.abspath(self.vocab_file):
-            shutil.copyfile(self.vocab_file, path)
-        return (path,)
+        return save_vocab_file(self, save_directory, filename_prefix)
 
 
 def as_messages(history) -> list[dict]:
@@ -391,3 +387,13 @@ def save_fast_tokenizer(tokenizer: ChatGLM2Tokenizer, directory, model_max_lengt
     config.pop("backend", None)
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (Path(directory) / "chat_template.jinja").unlink(missing_ok=True)
+
+
+def save_vocab_file(tokenizer, save_directory, filename_prefix=None) -> tuple[str]:
+    """transformers' ``save_vocabulary`` for a tokenizer whose vocabulary is one file (``vocab_file``): copied into
+    ``save_directory`` under its name (with ``filename_prefix``), unless it is already there."""
+    name = (filename_prefix + "-" if filename_prefix else "") + tokenizer.vocab_files_names["vocab_file"]
+    path = os.path.join(save_directory, name) if os.path.isdir(save_directory) else save_directory
+    if os.path.abspath(path) != os.path.abspath(tokenizer.vocab_file):
+        shutil.copyfile(tokenizer.vocab_file, path)
+    return (path,)

@@ -21,14 +21,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 from functools import lru_cache
 from pathlib import Path
 
 import tiktoken
 from transformers import AddedToken, BatchEncoding, PreTrainedTokenizer
 
-from glm_port.models.chatglm2.tokenizer import as_messages  # the same history forms as ChatGLM3
+from glm_port.models.chatglm2.tokenizer import as_messages, save_vocab_file  # as ChatGLM3's
 
 # How GLM-4 splits text before merging (ChatGLM4Tokenizer.__init__'s ``pat_str``): cl100k's pattern with
 # letters-only words and numbers of at most three digits.
@@ -294,11 +293,7 @@ class GLM4Tokenizer(PreTrainedTokenizer):
 
     # ---------------------------------------------------------------- files
     def save_vocabulary(self, save_directory, filename_prefix=None):
-        name = (filename_prefix + "-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
-        path = os.path.join(save_directory, name) if os.path.isdir(save_directory) else save_directory
-        if os.path.abspath(path) != os.path.abspath(self.vocab_file):
-            shutil.copyfile(self.vocab_file, path)
-        return (path,)
+        return save_vocab_file(self, save_directory, filename_prefix)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save, then ``tokenizer_config.json`` completed as THUDM's reads: the specials'
