@@ -104,18 +104,12 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
         staging.mkdir()
     dist.barrier()
     if writer:
-        sd = {"iteration": iteration, "module": model_state, "glm_config": config.to_dict(),
+        sd = {**_training_state(iteration, config, scheduler, grad_scaler, save_rng), "module": model_state,
               "mp_world_size": tensor_parallel_size()}
         if optimizer is not None:
             sd["optimizer"] = optimizer.state_dict()
-        if scheduler is not None:
-            sd["lr_scheduler"] = scheduler.state_dict()
-        if grad_scaler is not None and grad_scaler.is_enabled():
-            sd["grad_scaler"] = grad_scaler.state_dict()
-        if save_rng:
-            sd.update(_rng_states())
-            if _tracker() is not None:
-                sd["rng_tracker_states"] = _tracker().get_states()
+        if save_rng and _tracker() is not None:
+            sd["rng_tracker_states"] = _tracker().get_states()
         path = staging / model_file_name(tp_rank)
         with open(path, "wb") as f:
             torch.save(sd, f)
@@ -146,7 +140,9 @@ def _publish(save_dir: Path, iteration: int, staging: Path, final: Path) -> Path
 
 
 def _training_state(iteration: int, config, scheduler, grad_scaler, save_rng: bool) -> dict:
-    sd = {"iteration": iteration, "glm_config": config.to_dict(), "sharded": dist.get_world_size()}
+    """What every checkpoint records beside the weights and the optimizer: the iteration, the config, the schedule,
+    the loss scale and (``save_rng``) the RNG states."""
+    sd = {"iteration": iteration, "glm_config": config.to_dict()}
     if scheduler is not None:
         sd["lr_scheduler"] = scheduler.state_dict()
     if grad_scaler is not None and grad_scaler.is_enabled():
@@ -179,7 +175,8 @@ def save_sharded_checkpoint(save_dir, iteration: int, model, *, config, optimize
     dcp.save(state, checkpoint_id=str(staging))
     if dist.get_rank() == 0:
         with open(staging / SHARDED_STATE, "wb") as f:
-            sd = _training_state(iteration, config, scheduler, grad_scaler, save_rng)
+            sd = {**_training_state(iteration, config, scheduler, grad_scaler, save_rng),
+                  "sharded": dist.get_world_size()}
             if tensor_parallel_size() > 1:  # its global tensors are in the tensor-parallel ranks' order
                 sd["tensor_parallel_size"] = tensor_parallel_size()
             torch.save(sd, f)

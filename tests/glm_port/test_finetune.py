@@ -6,6 +6,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -267,8 +269,15 @@ def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_pat
     one-process model."""
     scored = [*TP_ARGV, "--do_eval", "true", "--num_beams", "2", "--per_device_eval_batch_size", "48"]
     argv = [*scored, "--save_steps", "2", "--sharding", "stage3", "--per_device_train_batch_size", "16"]
-    log, = _run_two_ranks(tmp_path, [*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")],
-                          world=4)
+    # torchrun, as a user launches it: a clean interpreter a rank (4 ranks forked from a pytest process that has
+    # run other tests can hang in the OpenMP runtime)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "glm_port.finetune",
+         *argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                            "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout
     assert " > --sharding stage3: FSDP2 over 2 ranks" in log
     single_log = _run([*scored, "--per_device_train_batch_size", "32", "--output_dir", str(tmp_path / "one")],
                       capsys)
