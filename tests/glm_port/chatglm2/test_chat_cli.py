@@ -134,7 +134,12 @@ def test_quantization_bit_loads_in_chat_and_generate_and_is_refused_by_the_conve
 # ---------------------------------------------------------------- Ctrl-C while a reply streams
 class Interrupting(transformers.TextIteratorStreamer):
     """A streamer whose consumer gets a KeyboardInterrupt at its ``at``-th piece, where a real Ctrl-C lands:
-    the main thread waiting for the next piece (inside stream_chat's generators)."""
+    the main thread waiting for the next piece (inside stream_chat's generators).
+
+    Patched in by its dotted name, not on this module's ``transformers``: transformers' ``processing_utils``
+    (imported the first time a model turns on activation checkpointing) executes ``transformers/__init__.py`` a
+    second time and puts that new module object in ``sys.modules``, so a module imported earlier can hold a
+    stale one."""
 
     at, count = 3, 0
 
@@ -172,7 +177,7 @@ def test_an_interrupted_turn_leaves_history_and_cache_as_before(tiny, monkeypatc
     out = io.StringIO()
     if where == "streamer":
         Interrupting.count = 0
-        monkeypatch.setattr(transformers, "TextIteratorStreamer", Interrupting)
+        monkeypatch.setattr("transformers.TextIteratorStreamer", Interrupting)
     else:
         out = InterruptingOut()
     with pytest.raises(KeyboardInterrupt):
@@ -188,7 +193,7 @@ def test_an_interrupted_turn_leaves_history_and_cache_as_before(tiny, monkeypatc
 
 def test_ctrl_c_in_a_reply_returns_to_the_prompt(monkeypatch, capsys):
     Interrupting.count = 0
-    monkeypatch.setattr(transformers, "TextIteratorStreamer", Interrupting)
+    monkeypatch.setattr("transformers.TextIteratorStreamer", Interrupting)
     lines = iter(["你好", "晚上好", "/exit"])
     monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
     assert glm_chat.main(["--greedy", "--max-new-tokens", "8", "--no-pack"]) == 0
