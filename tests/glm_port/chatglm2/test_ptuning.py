@@ -328,6 +328,13 @@ def test_a_checkpoint_of_another_length_is_refused(tmp_path, capsys):
     assert glm_chat.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == (f"glm-chat: error: {checkpoint / 'config.json'}: pre_seq_len 16, but "
                                                f"pytorch_model.bin's prefix has 3 positions")
+    from glm_port.generation import cli as generate
+
+    with pytest.raises(SystemExit) as stop:
+        generate.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "hi"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (f"glm-generate: error: {checkpoint / 'config.json'}: pre_seq_len 16, "
+                                               f"but pytorch_model.bin's prefix has 3 positions")
 
 
 def test_a_checkpoint_given_as_the_model_or_a_base_as_the_checkpoint_is_named(tmp_path, capsys):
