@@ -11,6 +11,12 @@ Each file is a dict with ``'module'`` (the model's state dict, upstream's key na
 tensor-parallel ranks' files make the checkpoint, so a missing one is named). Upstream checkpoints and Hugging Face GLM
 weights load as well.
 
+A run that trains a part of a frozen model (glm-finetune's P-Tuning v2 prefix, LoRA adapters) keeps only that
+part: ``'trainable'`` (the trained weights, ``trainable_state_dict``) in place of ``'module'``, with
+``'trained_part'`` (what they are) and ``'base_model'`` (the model they were trained on), so a 6B model's
+checkpoint is megabytes. Resuming (``load_checkpoint(..., trainable_only=True, base=...)``) puts them back on
+the base the run loaded again; a reader that wants a whole model gets one line saying what the file holds.
+
 A save goes to a hidden temporary directory that is renamed into place, and the tracker file is
 replaced last (each written file flushed and fsynced, then its directory), so an interrupted save leaves the
 previous checkpoint as the latest one; what a killed save left behind is cleared by the next save or load.
@@ -89,11 +95,13 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, optimizer=None,
                     scheduler=None, grad_scaler=None, save_rng: bool = True, tp_rank: int = 0,
-                    writer: bool = True) -> Path:
+                    writer: bool = True, trained_part: str | None = None, base_model: str | None = None) -> Path:
     """Write ``SAVE/<iteration>/mp_rank_XX_model_states.pt`` atomically and point the tracker at it.
 
     Collective when a process group is up: every rank calls it; ranks with ``writer`` (data-parallel
-    rank 0 of each tensor-parallel rank) write their file, global rank 0 publishes.
+    rank 0 of each tensor-parallel rank) write their file, global rank 0 publishes. ``trained_part`` (e.g.
+    "P-Tuning v2 prefix encoder"): ``model_state`` is only the trained part of a frozen ``base_model``
+    (``trainable_state_dict``), saved as ``'trainable'`` instead of ``'module'``.
     """
     save_dir = Path(save_dir)
     final = save_dir / str(iteration)
@@ -104,8 +112,12 @@ def save_checkpoint(save_dir, iteration: int, model_state: dict, *, config, opti
         staging.mkdir()
     dist.barrier()
     if writer:
-        sd = {**_training_state(iteration, config, scheduler, grad_scaler, save_rng), "module": model_state,
+        sd = {**_training_state(iteration, config, scheduler, grad_scaler, save_rng),
               "mp_world_size": tensor_parallel_size()}
+        if trained_part is None:
+            sd["module"] = model_state
+        else:
+            sd.update(trainable=model_state, trained_part=trained_part, base_model=base_model)
         if optimizer is not None:
             sd["optimizer"] = optimizer.state_dict()
         if save_rng and _tracker() is not None:
@@ -431,6 +443,45 @@ def read_checkpoint(path: Path) -> dict:
         raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
 
 
+def trainable_state_dict(model) -> dict:
+    """The weights ``model`` trains (``requires_grad``), as this rank holds them (``local_state_dict``'s
+    names): what the resumable checkpoint of a run with a frozen base keeps (``save_checkpoint(trained_part=...)``)."""
+    names = {name for name, param in model.named_parameters() if param.requires_grad}
+    return {name: value for name, value in local_state_dict(model).items() if name in names}
+
+
+def trained_part_problem(checkpoint, path) -> str | None:
+    """One line for a reader that wants a whole model when ``checkpoint`` holds only a run's trained part
+    (``save_checkpoint(trained_part=...)``); None for any other checkpoint."""
+    if not isinstance(checkpoint, dict) or "trainable" not in checkpoint or "module" in checkpoint:
+        return None
+    return (f"{path}: holds only the {checkpoint.get('trained_part', 'trained weights')} of a run on "
+            f"{checkpoint.get('base_model')} (resumable state; the frozen base is not in it), not a model: take the "
+            f"run's final/ directory")
+
+
+def _trained_part(sd: dict, path, model, trainable_only: bool, base_model: str | None) -> tuple[dict, dict]:
+    """``(weights, target)`` to copy when resuming from ``sd``: the whole model's, or (a checkpoint of the
+    trained part) the trained weights onto the parameters this run trains; a CheckpointError when they do not
+    fit the run: another kind of run, another base, other trained weights."""
+    if "trainable" not in sd or "module" in sd:
+        target = local_state_dict(model)
+        return _keyed_as(model_weights(sd), target), target
+    part, saved_base = sd.get("trained_part", "trained weights"), sd.get("base_model")
+    if not trainable_only:
+        raise CheckpointError(f"{path}: holds only the {part} of a run on {saved_base} (the frozen base is not in "
+                              "it), not the whole model this run trains")
+    if base_model is not None and saved_base is not None and saved_base != base_model:
+        raise CheckpointError(f"{path}: holds the {part} trained on {saved_base}, not on {base_model}: resume on "
+                              "that base (or start in another output directory)")
+    weights, target = sd["trainable"], trainable_state_dict(model)
+    extra = sorted(set(weights) - set(target))
+    if extra:
+        raise CheckpointError(f"{path} does not fit this run: it holds {extra[0]}, which this run does not train "
+                              f"(the {part} of another configuration?)")
+    return weights, target
+
+
 def model_weights(checkpoint: dict) -> dict:
     """The model state dict inside a checkpoint: upstream's ``'module'``, or the dict itself (HF weights)."""
     weights = checkpoint.get("module", checkpoint)
@@ -464,9 +515,29 @@ def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None
             )
 
 
+def check_resumable(load, model, *, tp_rank: int = 0, trainable_only: bool = False,
+                    base_model: str | None = None) -> None:
+    """The CheckpointError ``load_checkpoint`` would raise about the weights of ``load``'s latest checkpoint
+    (another model, another base, a trained part that does not fit), raised before a run writes anything; the
+    tensors are memory-mapped, not read. Sharded (DCP) checkpoints and files that cannot be read this way are
+    left to ``load_checkpoint``."""
+    path = find_checkpoint(load, tp_rank)
+    sd = None if path.name == SHARDED_STATE else _header(path)
+    if sd is None:
+        return
+    weights, target = _trained_part(sd, path, model, trainable_only, base_model)
+    tp_size = tensor_parallel_size()
+    hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
+    check_fits(weights, target, path, hint if tp_size > 1 else "")
+
+
 def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=None, grad_scaler=None,
-                    load_optimizer: bool = True, load_rng: bool = True) -> int:
-    """Load ``--load`` into ``model`` (and the training state when present); returns the iteration."""
+                    load_optimizer: bool = True, load_rng: bool = True, trainable_only: bool = False,
+                    base_model: str | None = None) -> int:
+    """Load ``--load`` into ``model`` (and the training state when present); returns the iteration.
+    ``trainable_only``: the run trains part of a frozen ``base_model`` (P-Tuning, LoRA), so a checkpoint of
+    that part alone (``save_checkpoint(trained_part=...)``) is put back on its trained parameters; a whole
+    model's checkpoint loads whole as ever."""
     load = Path(load)
     if dist.get_rank() == 0 and load.is_dir() and (load / TRACKER).is_file():
         clear_interrupted_saves(load)  # resuming where a killed save left debris
@@ -479,8 +550,8 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
     except CheckpointError as error:
         tracked = load.is_dir() and (load / TRACKER).is_file()
         raise CheckpointError(f"{error}{_previous_good(load, int(path.parent.name), tp_rank) if tracked else ''}") from None
-    target = local_state_dict(model)
-    weights = _keyed_as(model_weights(sd), target)  # this rank's shards under tensor parallel, as upstream's files hold
+    # this rank's shards under tensor parallel, as upstream's files hold; or the run's trained part alone
+    weights, target = _trained_part(sd, path, model, trainable_only, base_model)
     tp_size = tensor_parallel_size()
     hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
     check_fits(weights, target, path, hint if tp_size > 1 else "")

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 import shim as torch
-from glm_port.checkpoint_io import (CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint,
-                                   save_sharded_checkpoint, write_base_record)
+from glm_port.checkpoint_io import (TRACKER, CheckpointError, check_resumable, find_checkpoint, load_checkpoint,
+                                   save_checkpoint, save_sharded_checkpoint, trainable_state_dict, write_base_record)
 from glm_port.distributed import ParallelEnv, local_state_dict
 from glm_port.finetune import metrics
 from glm_port.finetune.arguments import parse_args
@@ -37,8 +37,8 @@ from glm_port.models import FAMILIES, family_at
 from glm_port.outputs import check_apart, check_directory_output, check_file_output, follow_umask
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer
 
-__all__ = ["PROG", "FinetuneError", "Session", "apply_lora", "batches", "evaluate", "generate_targets", "main",
-           "save_model", "setup", "train"]
+__all__ = ["PROG", "FinetuneError", "Session", "apply_lora", "base_name", "batches", "check_resume", "evaluate",
+           "generate_targets", "main", "save_model", "setup", "train", "trained_part"]
 
 PROG = "glm-finetune"
 TOY_FLAGS = dict(do_train=True, do_eval=True, max_steps=300, learning_rate=2e-3, warmup_ratio=0.05,
@@ -456,6 +456,33 @@ def _fit_lengths(args, binding, model, verbose: bool) -> None:
     args.src_length, args.tgt_length = src, tgt
 
 
+def trained_part(session: Session) -> str | None:
+    """What a run with a frozen base trains (its resumable checkpoints keep that alone), or None: a full
+    finetune, whose checkpoints hold the whole model."""
+    if session.ptuning:
+        return "P-Tuning v2 prefix encoder"
+    if hasattr(session.model, "peft_config"):
+        return "LoRA adapters"
+    return None
+
+
+def base_name(session: Session) -> str:
+    """The base model a run loaded, as its trained-part checkpoints record it (checked when resuming)."""
+    if session.source is None:
+        return f"the embedded {session.binding.EMBEDDED}"
+    return str(session.source.resolve())
+
+
+def check_resume(session: Session) -> None:
+    """A run started again in an --output_dir whose ``checkpoints/`` it will resume: the CheckpointError
+    resuming would raise (another base, another kind of run, weights that do not fit), before anything is
+    written."""
+    checkpoints = session.output_dir / "checkpoints"
+    if (checkpoints / TRACKER).is_file():
+        check_resumable(checkpoints, session.model, tp_rank=session.env.tp_rank,
+                        trainable_only=trained_part(session) is not None, base_model=base_name(session))
+
+
 def train(args, session: Session, train_samples, eval_data) -> int:
     """Train to the last step; returns it."""
     env, model = session.env, session.model
@@ -473,11 +500,15 @@ def train(args, session: Session, train_samples, eval_data) -> int:
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
     precision = Precision(env.device, dtype)
     checkpoints = session.output_dir / "checkpoints"
+    # A frozen base (P-Tuning, LoRA): the checkpoints keep the trained part alone, put back on the base loaded
+    # again from --model_name_or_path when resuming; a full finetune's hold the whole model.
+    part, base = trained_part(session), base_name(session)
     iteration = 0
-    if (checkpoints / "latest_checkpointed_iteration.txt").is_file():  # resume where the last run stopped
+    if (checkpoints / TRACKER).is_file():  # resume where the last run stopped
         find_checkpoint(checkpoints, env.tp_rank)
         iteration = load_checkpoint(checkpoints, model, tp_rank=env.tp_rank, optimizer=optimizer,
-                                    scheduler=scheduler, grad_scaler=precision.scaler)
+                                    scheduler=scheduler, grad_scaler=precision.scaler,
+                                    trainable_only=part is not None, base_model=base)
         if env.is_main:
             print(f" > resumed from {checkpoints} at step {iteration}", flush=True)
     stream = batches(train_samples, args.per_device_train_batch_size,
@@ -494,9 +525,10 @@ def train(args, session: Session, train_samples, eval_data) -> int:
             save_sharded_checkpoint(checkpoints, step, model, config=session.config, optimizer=optimizer,
                                     scheduler=scheduler, grad_scaler=precision.scaler)
         else:
-            save_checkpoint(checkpoints, step, local_state_dict(model), config=session.config, optimizer=optimizer,
+            state = local_state_dict(model) if part is None else trainable_state_dict(model)
+            save_checkpoint(checkpoints, step, state, config=session.config, optimizer=optimizer,
                             scheduler=scheduler, grad_scaler=precision.scaler, tp_rank=env.tp_rank,
-                            writer=env.dp_rank == 0)
+                            writer=env.dp_rank == 0, trained_part=part, base_model=base if part else None)
         if env.is_main and not (checkpoints / "tokenizer_config.json").is_file():  # so glm-merge / the loaders
             session.binding.save_tokenizer(session.tokenizer, checkpoints, session.tokenizer_source)  # read them alone
 
@@ -620,6 +652,8 @@ def main(argv: list[str] | None = None) -> None:
         eval_pairs = _read(args, args.eval_file) if args.do_eval else []
         test_pairs = _read(args, args.test_file, require_target=False) if args.do_predict else []
         session = setup(args)
+        if args.do_train:
+            check_resume(session)
         eval_data = None
         if args.do_eval:
             eval_data = (eval_pairs, session.binding.encode(session.tokenizer, eval_pairs, args.src_length,

@@ -126,6 +126,40 @@ def test_lora_trains_adapters_only_and_saves_them_in_peft_format(tmp_path, capsy
     assert len(err) == 1 and "was made for another base model: size mismatch" in err[0], err
 
 
+def test_lora_checkpoints_hold_the_adapters_alone_and_resume_on_the_base_exactly(tmp_path, capsys):
+    """--lora's resumable checkpoints keep the adapters (with the optimizer, schedule and RNG), not the frozen
+    base; a run killed after step 3 and started again takes steps 4-6 as the uninterrupted run did: the same
+    losses (dropout included) and the same final adapter, bit for bit. A full finetune started in that
+    --output_dir is one line: the base is not in them."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    argv = [*QUICK, "--lora", "--do_eval", "false", "--save_steps", "3", "--output_dir", str(out)]
+    whole = _losses(_run(argv, capsys))
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6]
+    saved = torch.load(out / "checkpoints" / "3" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert "module" not in saved and saved["trained_part"] == "LoRA adapters"
+    assert saved["trainable"] and all(".lora_A." in k or ".lora_B." in k for k in saved["trainable"])
+    assert saved["optimizer"]["state"] and "lr_scheduler" in saved and "torch_rng_state" in saved
+    first = load_file(out / "final" / "adapter_model.safetensors")
+    (out / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")  # killed after saving step 3
+    shutil.rmtree(out / "checkpoints" / "6")
+    shutil.rmtree(out / "final")
+    log = _run(argv, capsys)
+    assert " > resumed from" in log and sorted(_losses(log)) == [4, 5, 6]
+    assert _losses(log) == {step: loss for step, loss in whole.items() if step > 3}
+    again = load_file(out / "final" / "adapter_model.safetensors")
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*QUICK, "--do_eval", "false", "--output_dir", str(out)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "holds only the LoRA adapters of a run on the embedded glm-tiny (the frozen base is not in it), not the "
+        "whole model this run trains")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--do_train"], "--do_train needs --train_file"),
     (["--do_train", "--train_file", "missing.json"], "--train_file missing.json: no such file"),

@@ -580,7 +580,10 @@ class ShardSource:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None
         if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("module"), dict):
-            raise WeightsError(f"{path}: holds no model weights ('module' missing)")
+            from glm_port.checkpoint_io import trained_part_problem  # a P-Tuning / LoRA run's resumable state
+
+            raise WeightsError(trained_part_problem(checkpoint, path)
+                              or f"{path}: holds no model weights ('module' missing)")
         return checkpoint
 
     @property

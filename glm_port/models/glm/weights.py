@@ -213,7 +213,10 @@ def _torch_load(path: Path) -> dict:
 def _module_weights(checkpoint, path: Path) -> dict:
     weights = checkpoint.get("module", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(weights, dict) or not any(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise WeightsError(f"{path}: holds no model weights ('module' missing)")
+        from glm_port.checkpoint_io import trained_part_problem  # a LoRA run's resumable state
+
+        raise WeightsError(trained_part_problem(checkpoint, path)
+                          or f"{path}: holds no model weights ('module' missing)")
     return {_strip(k): v for k, v in weights.items() if isinstance(v, torch.Tensor)}
 
 

@@ -184,3 +184,39 @@ def test_glm_finetune_trains_on_chatglm3_conversations_and_predicts_the_next_rep
     assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
     predicted, = [json.loads(line) for line in (tmp_path / "out" / "test_predictions.jsonl").read_text().splitlines()]
     assert predicted["source"] == "谢谢" and isinstance(predicted["prediction"], str)
+
+
+def test_glm_finetune_trains_on_thudms_history_column_layout(tmp_path, capsys):
+    """THUDM ChatGLM2 ptuning/main.py's flags as they are (--prompt_column, --response_column, --history_column)
+    on a ChatGLM2 base: the samples are encoded through chat's [Round i] prompt and the loss falls."""
+    base = _base(tmp_path, "chatglm2")
+    rows = [{"prompt": "还有呢", "response": "蓝色", "history": [["颜色", "红色"]]},
+            {"prompt": "颜色", "response": "红色", "history": []}] * 4
+    data = _write(tmp_path / "t.json", rows)
+    capsys.readouterr()
+    finetune_main(["--model_name_or_path", base, "--prompt_column", "prompt", "--response_column", "response",
+                   "--history_column", "history", "--do_train", "--train_file", str(data), "--max_steps", "4",
+                   "--logging_steps", "1", "--learning_rate", "1e-2", "--src_length", "64", "--tgt_length", "16",
+                   "--per_device_train_batch_size", "8", "--output_dir", str(tmp_path / "out")])
+    losses = {int(m[1]): float(m[2]) for m in LOSS.finditer(capsys.readouterr().out)}
+    assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
+
+
+@pytest.mark.parametrize("history, message", [
+    ([["颜色"]], ":2: field 'history' must be a list of [query, response] string pairs"),
+    ("颜色", ":2: field 'history' must be a list of [query, response] string pairs"),
+    ([["颜色", 3]], ":2: field 'history' must be a list of [query, response] string pairs"),
+])
+def test_a_bad_history_column_is_one_line_naming_file_and_line(history, message, tmp_path, capsys):
+    base = _base(tmp_path, "chatglm2")
+    data = _write(tmp_path / "t.json", [{"prompt": "a", "response": "b", "history": []},
+                                        {"prompt": "a", "response": "b", "history": history}])
+    out = tmp_path / "out"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        finetune_main(["--model_name_or_path", base, "--prompt_column", "prompt", "--response_column", "response",
+                       "--history_column", "history", "--do_train", "--train_file", str(data),
+                       "--output_dir", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert exit_.value.code == 2 and errors == [f"glm-finetune: error: {data}{message}"], errors
+    assert not out.exists()

@@ -328,6 +328,13 @@ def test_a_checkpoint_of_another_length_is_refused(tmp_path, capsys):
     assert glm_chat.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == (f"glm-chat: error: {checkpoint / 'config.json'}: pre_seq_len 16, but "
                                                f"pytorch_model.bin's prefix has 3 positions")
+    from glm_port.generation import cli as generate
+
+    with pytest.raises(SystemExit) as stop:
+        generate.main(["--model", str(base), "--ptuning_checkpoint", str(checkpoint), "hi"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (f"glm-generate: error: {checkpoint / 'config.json'}: pre_seq_len 16, "
+                                               f"but pytorch_model.bin's prefix has 3 positions")
 
 
 def test_a_checkpoint_given_as_the_model_or_a_base_as_the_checkpoint_is_named(tmp_path, capsys):
@@ -400,3 +407,94 @@ def test_chat_turns_reusing_the_cache_see_the_prefix_and_keep_thudms_positions()
     for ours, fresh in zip(past.layers, whole.layers, strict=True):
         torch.testing.assert_close(ours.keys, fresh.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.values, fresh.values, atol=1e-5, rtol=1e-5)
+
+
+# ---- resumable checkpoints: the prefix alone, resumed on the base ------------------------------------
+
+
+def interrupted_at(out, step):
+    """``out`` as a run killed after saving ``step`` leaves it: later checkpoints and final/ gone."""
+    import shutil
+
+    checkpoints = out / "checkpoints"
+    for entry in checkpoints.iterdir():
+        if entry.name.isdigit() and int(entry.name) > step:
+            shutil.rmtree(entry)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(step))
+    shutil.rmtree(out / "final")
+
+
+def test_checkpoints_hold_the_prefix_alone_and_resume_on_the_base_exactly(tmp_path, capsys):
+    """glm-finetune --pre_seq_len's resumable checkpoints keep the prefix encoder, the optimizer, the schedule and
+    the RNG, not the frozen base; a run killed after step 3 and started again takes steps 4-6 as the
+    uninterrupted run did (the same losses, the same final prefix, bit for bit), the base read again."""
+    from glm_port.finetune.run import main
+
+    _, base, _ = write_checkpoint(tmp_path)
+    data = tmp_path / "train.json"
+    data.write_text("\n".join(json.dumps({"source": f"question {i}", "target": "yes indeed"}) for i in range(16)))
+    out = tmp_path / "out"
+    argv = ["--model_name_or_path", str(base), "--train_file", str(data), "--do_train", "--pre_seq_len", "4",
+            "--learning_rate", "2e-2", "--max_steps", "6", "--save_steps", "3", "--per_device_train_batch_size", "8",
+            "--logging_steps", "1", "--output_dir", str(out)]
+    main(argv)
+    whole = re.findall(r"iteration +(\d)/ +6 .* lm loss (\S+)", capsys.readouterr().out)
+    assert [step for step, _ in whole] == list("123456")
+    saved = torch.load(out / "checkpoints" / "3" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert "module" not in saved and list(saved["trainable"]) == [PREFIX + "embedding.weight"]
+    assert saved["trainable"][PREFIX + "embedding.weight"].shape == (4, 128)
+    assert saved["optimizer"]["state"] and "lr_scheduler" in saved and "torch_rng_state" in saved
+    assert saved["base_model"] == str(base.resolve()) and saved["trained_part"] == "P-Tuning v2 prefix encoder"
+    first = torch.load(out / "final" / "pytorch_model.bin", weights_only=True)
+
+    interrupted_at(out, 3)
+    main(argv)
+    log = capsys.readouterr().out
+    assert f" > resumed from {out / 'checkpoints'} at step 3" in log
+    assert re.findall(r"iteration +(\d)/ +6 .* lm loss (\S+)", log) == whole[3:]
+    again = torch.load(out / "final" / "pytorch_model.bin", weights_only=True)
+    assert list(again) == list(first) and all(torch.equal(again[k], first[k]) for k in first)
+
+
+def test_resuming_prefix_checkpoints_on_another_base_or_run_is_refused_in_one_line(tmp_path, capsys):
+    """Started again in the same --output_dir, a run that does not fit its prefix checkpoints is one line, exit
+    2, nothing written: another base, a full finetune (the base is not in them), another --pre_seq_len;
+    glm-merge, which wants a whole model, says what they hold."""
+    from glm_port.convert.merge import main as merge_main
+
+    _, base, _ = write_checkpoint(tmp_path)
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps({"source": "a", "target": "b"}))
+    out = tmp_path / "out"
+    common = ["--train_file", str(data), "--do_train", "--max_steps", "2", "--save_steps", "2"]
+    from glm_port.finetune.run import main
+
+    main(["--model_name_or_path", "chatglm2-tiny", "--pre_seq_len", "4", *common, "--output_dir", str(out)])
+    capsys.readouterr()
+    checkpoint = out / "checkpoints" / "2" / "mp_rank_00_model_states.pt"
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+    def refused(*flags):
+        with pytest.raises(SystemExit) as stop:
+            main([*flags, *common, "--output_dir", str(out)])
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+        assert stop.value.code == 2 and len(err) == 1, err
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+        return err[0]
+
+    assert refused("--model_name_or_path", str(base), "--pre_seq_len", "4") == (
+        f"glm-finetune: error: {checkpoint}: holds the P-Tuning v2 prefix encoder trained on the embedded "
+        f"chatglm2-tiny, not on {base.resolve()}: resume on that base (or start in another output directory)")
+    assert refused("--model_name_or_path", "chatglm2-tiny") == (
+        f"glm-finetune: error: {checkpoint}: holds only the P-Tuning v2 prefix encoder of a run on the embedded "
+        f"chatglm2-tiny (the frozen base is not in it), not the whole model this run trains")
+    assert refused("--model_name_or_path", "chatglm2-tiny", "--pre_seq_len", "5") == (
+        f"glm-finetune: error: {checkpoint} does not fit this model: {PREFIX}embedding.weight is [4, 128] there, "
+        f"[5, 128] here")
+    with pytest.raises(SystemExit) as stop:
+        merge_main([str(out / "checkpoints"), str(tmp_path / "merged")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"glm-merge: error: {checkpoint}: holds only the P-Tuning v2 prefix encoder of a run on the embedded "
+        f"chatglm2-tiny (resumable state; the frozen base is not in it), not a model: take the run's final/ directory")
+    assert not (tmp_path / "merged").exists()

@@ -216,3 +216,63 @@ def test_tensor_parallel_finetuning_is_refused_by_the_binding_in_one_line(base, 
     monkeypatch.setattr(glm_port.distributed, "tensor_parallel_size", lambda: 2)
     with pytest.raises(ValueError, match=r"^--tensor_parallel_degree: glm-finetune does not split a GLM-4 model"):
         load(base, "cpu")
+
+
+def test_history_column_and_tool_conversations_are_the_prompt_glm_4s_chat_builds(tiny, tmp_path):
+    """THUDM ChatGLM2 ptuning's history_column and a conversations sample with tools, read from files as
+    glm-finetune reads them: the ids before the answer are the prompt GLM-4's chat builds for the same query and
+    history (``build_inputs``, glm-chat's; with tools the chat template, glm-serve's), and only the assistant
+    turns are counted."""
+    from glm_port.finetune.datasets import read_pairs
+    from glm_port.models.glm4.chat import build_inputs
+
+    model, tok = tiny
+    command = tok.get_command
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"prompt": "还有呢", "response": "蓝色", "history": [["颜色", "红色"]]},
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    pair, = read_pairs(path, "plain", "prompt", "response", history_column="history")
+    sample, = encode(tok, [pair], 256, 64)
+    chat_prompt = build_inputs(model, tok, "还有呢", [("颜色", "红色")])["input_ids"][0].tolist()
+    assert sample.text[:sample.sep].tolist() == chat_prompt
+    counted = sample.target[sample.loss_mask == 1].tolist()
+    assert counted == [*tok.encode_text("\n"), *tok.encode_text("红色"), command("<|user|>"),
+                       *tok.encode_text("\n"), *tok.encode_text("蓝色"), command("<|user|>")]
+
+    tools = [{"name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {}}}]
+    turns = [{"role": "system", "content": "You help.", "tools": tools}, {"role": "user", "content": "天气?"},
+             {"role": "assistant", "metadata": "get_weather", "content": '{"city": "北京"}'},
+             {"role": "observation", "content": "sunny"}, {"role": "assistant", "content": "It is sunny."}]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"conversations": turns}, ensure_ascii=False) + "\n", encoding="utf-8")
+    pair, = read_pairs(path, "conversations")
+    sample, = encode(tok, [pair], 512, 64)
+    # with tools the prompt is the chat template's (glm-serve's encode_messages, THUDM's finetune_demo)
+    templated = [{**m, "tools": [{"type": "function", "function": t} for t in tools]} if "tools" in m else m
+                 for m in turns[:4]]
+    chat_prompt = tok.apply_chat_template(templated, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert sample.text[:sample.sep].tolist() == list(chat_prompt)
+    roles = {command(f"<|{r}|>"): r for r in ("system", "user", "assistant", "observation")}
+    ids = sample.text.tolist()
+    for k in range(len(ids) - 1):  # a counted position predicts ids[k + 1]: it lies in an assistant turn
+        if sample.loss_mask[k]:
+            assert roles[next(ids[p] for p in range(k, -1, -1) if ids[p] in roles)] == "assistant", k
+
+
+@pytest.mark.parametrize("turns, message", [
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}],
+     ":2: roles do not alternate: turn 2 is a user turn after a user turn (expected assistant)"),
+    ([{"role": "system", "content": "s"}, {"role": "user", "content": "a"}],
+     ":2: the conversation has no assistant turn to learn"),
+])
+def test_a_bad_conversation_is_one_line_naming_file_and_line_and_nothing_is_written(base, tmp_path, capsys,
+                                                                                    turns, message):
+    good = {"conversations": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"conversations": turns}) + "\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as stop:
+        finetune_main(["--model_name_or_path", base, "--dataset_layout", "conversations", "--do_train",
+                       "--train_file", str(path), "--output_dir", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"glm-finetune: error: {path}{message}"]
+    assert not (tmp_path / "out").exists()
