@@ -100,3 +100,73 @@ def test_glm_merge_of_a_thudm_directory_keeps_its_fields(tmp_path, model):
     kept = {k: THUDM[k] for k in ("checkpoint_activations", "checkpoint_num_layers", "output_predict",
                                   "parallel_output", "pool_token", "spell_func")}
     assert written(tmp_path / "merged") == {**GLM_FIELDS, **TRANSFORMERS_FIELDS, **kept, "initializer_range": 0.02}
+
+
+# ---- one class -------------------------------------------------------------------------------------------
+# A value other than the default for every field GLMConfig takes (its __init__'s keywords).
+CHANGED = dict(vocab_size=64, num_layers=3, hidden_size=48, num_attention_heads=6, max_sequence_length=40,
+               embedding_dropout_prob=0.2, attention_dropout_prob=0.3, output_dropout_prob=0.4, layernorm_epsilon=1e-6,
+               initializer_range=0.05, intermediate_size=100, block_position_encoding=False, attention_impl="sdpa",
+               relative_encoding=True, attention_scale=2.0, spell_length=3, max_memory_length=5,
+               checkpoint_activations=True, checkpoint_num_layers=2, checkpoint_policy="selective")
+
+
+def test_glm_has_one_config_class_and_its_model_shares_the_config():
+    import glm_port
+    from glm_port.models.glm import config as glm_config, hf
+
+    assert GLMForConditionalGeneration.config_class is GLMConfig
+    for module in (glm_config, hf, glm_port):  # the transformers config's name before issue 27: this class
+        with pytest.warns(DeprecationWarning, match="GLMPretrainedConfig is now .*GLMConfig"):
+            assert module.GLMPretrainedConfig is GLMConfig
+    config = GLMConfig(**PRETRAIN)
+    model = GLMForConditionalGeneration(config)
+    assert model.config is config and model.glm.config is config
+    assert config.init_method_std == config.initializer_range == 0.3  # glm_port's name for config.json's
+
+
+def test_every_field_but_the_run_settings_survives_save_pretrained(tmp_path):
+    import inspect
+
+    from glm_port.models.glm.config import RUN_SETTINGS
+
+    taken = set(inspect.signature(GLMConfig.__init__).parameters) - {"self", "kwargs"}
+    assert set(CHANGED) == taken  # a field added to GLMConfig is added here
+    config = GLMConfig(**CHANGED)
+    assert all(getattr(config, name) == value for name, value in CHANGED.items())
+    config.save_pretrained(tmp_path)
+    assert not set(RUN_SETTINGS) & set(json.loads((tmp_path / "config.json").read_text()))
+    read = GLMConfig.from_pretrained(tmp_path)
+    defaults = GLMConfig()
+    for name, value in CHANGED.items():
+        assert getattr(read, name) == (getattr(defaults, name) if name in RUN_SETTINGS else value), name
+
+
+def test_replace_gives_a_checked_copy():
+    config = GLMConfig(**PRETRAIN)
+    recomputed = config.replace(checkpoint_activations=False, init_method_std=0.1)
+    assert (recomputed.checkpoint_activations, recomputed.initializer_range) == (False, 0.1)
+    assert (config.checkpoint_activations, config.initializer_range) == (True, 0.3)
+    with pytest.raises(TypeError, match="rotary"):
+        config.replace(rotary=True)
+    with pytest.raises(ValueError, match="not divisible by 3 attention heads"):
+        config.replace(num_attention_heads=3)
+
+
+def test_configs_equal_by_every_field():
+    assert GLMConfig(**PRETRAIN) == GLMConfig(**PRETRAIN)
+    assert GLMConfig(**PRETRAIN) != GLMConfig(**{**PRETRAIN, "num_layers": 2})
+    assert GLMConfig(**PRETRAIN) != GLMConfig(**{**PRETRAIN, "checkpoint_activations": False})
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("relative_encoding", True, "relative_encoding"),
+    ("attention_scale", 2.0, "attention_scale 2.0"),
+    ("spell_length", 4, "spell_length"),
+    ("num_attention_heads", 3, "not divisible"),  # set after the config was made, as overrides are
+])
+def test_the_model_refuses_what_it_does_not_run(field, value, reason):
+    config = GLMConfig(**PRETRAIN)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=reason):
+        GLMModel(config)
