@@ -102,11 +102,12 @@ def worker(args) -> dict:
         return matvec_bandwidth()
     if args.worker == "load":
         return measure_load(args)
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMConfig
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     torch.manual_seed(0)
     with torch.device(args.device):  # drawn where it runs (a 10B model drawn on the CPU takes minutes)
-        model = GLMForConditionalGeneration(GLMPretrainedConfig(**config_dict(args))).eval()
+        model = GLMForConditionalGeneration(GLMConfig(**config_dict(args))).eval()
     if args.dtype == "bf16":
         model.to(torch.bfloat16)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -212,10 +213,11 @@ def save_weights(args, shards: int = 1) -> int:
     import torch
 
     from glm_port.models.glm import weights
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMConfig
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     torch.manual_seed(0)
-    model = GLMForConditionalGeneration(GLMPretrainedConfig(**config_dict(args)))
+    model = GLMForConditionalGeneration(GLMConfig(**config_dict(args)))
     state = {k[len("glm."):]: v for k, v in model.state_dict().items()}
     weights.save_hf(state, os.path.join(args.path, "hf"), config_dict(args), shards=shards)
     return sum(v.numel() * v.element_size() for v in state.values())

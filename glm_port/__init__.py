@@ -4,8 +4,8 @@ Shared pieces sit beside the families: ``training`` (optimizer, schedule, precis
 ``checkpoint_io`` (saving and loading), ``distributed`` (ranks and groups), ``data`` (tokenizers and
 blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``, ``generation`` is ``glm-generate``.
 
-``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference, on transformers) import on first use,
-so training never pays for importing transformers.
+``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference: transformers' models, generation and
+tokenizers) import on first use. ``GLMConfig`` is a transformers ``PretrainedConfig``.
 
 This public re-export of GLM's classes is the one place outside ``glm_port.models`` that names a family's
 modules (allowed by name in ``tests/test_architecture.py``); the commands reach every family through the
@@ -18,7 +18,7 @@ __all__ = ["GLMConfig", "GLMModel", "GLMForConditionalGeneration", "GLMTokenizer
 
 _LAZY = {
     "GLMForConditionalGeneration": "glm_port.models.glm.hf",
-    "GLMPretrainedConfig": "glm_port.models.glm.hf",
+    "GLMPretrainedConfig": "glm_port.models.glm.hf",  # GLMConfig's name before issue 27 (a DeprecationWarning)
     "GLMTokenizer": "glm_port.models.glm.tokenizer",
 }
 

@@ -109,13 +109,12 @@ def test_lora_trains_adapters_only_and_saves_them_in_peft_format(tmp_path, capsy
     base = tmp_path / "other_base"
     from glm_port import GLMConfig, GLMForConditionalGeneration
     from glm_port.data import get_tokenizer
-    from glm_port.models.glm.hf import GLMPretrainedConfig
     from glm_port.models.glm.tokenizer import GLMTokenizer
 
     vocab = get_tokenizer()
     config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=2, hidden_size=64, num_attention_heads=4,
                        max_sequence_length=64)
-    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(config)).save_pretrained(base)
+    GLMForConditionalGeneration(config).save_pretrained(base)
     GLMTokenizer(vocab).save_pretrained(base)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -483,14 +482,13 @@ def _glm_directory(path, max_sequence_length=64, **config):
     """A random GLM saved as a Hugging Face directory with its (built-in) tokenizer recorded."""
     from glm_port import GLMConfig, GLMForConditionalGeneration
     from glm_port.data import get_tokenizer
-    from glm_port.models.glm.hf import GLMPretrainedConfig
     from glm_port.models.glm.tokenizer import GLMTokenizer
 
     vocab = get_tokenizer()
     config = GLMConfig(vocab_size=vocab.vocab_size, num_layers=1, hidden_size=32, num_attention_heads=2,
                        max_sequence_length=max_sequence_length, **config)
     torch.manual_seed(0)
-    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(config)).save_pretrained(path)
+    GLMForConditionalGeneration(config).save_pretrained(path)
     GLMTokenizer(vocab).save_pretrained(path)
     return path
 

@@ -358,12 +358,12 @@ def test_refused_model_variants_say_why(argv, reason, capsys):
     assert reason in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_intermediate_size_survives_the_hugging_face_config():
+def test_intermediate_size_survives_the_hugging_face_config(tmp_path):
     from glm_port.models.glm import GLMConfig
-    from glm_port.models.glm.hf import GLMPretrainedConfig
 
     config = GLMConfig(vocab_size=128, hidden_size=32, num_attention_heads=2, intermediate_size=48)
-    assert GLMPretrainedConfig.from_glm_config(config).to_glm_config() == config
+    config.save_pretrained(tmp_path)
+    assert GLMConfig.from_pretrained(tmp_path).intermediate_size == 48
 
 
 def test_every_data_knob_trains_and_validates(capsys):

@@ -1,45 +1,82 @@
-"""GLM architecture as data: one dataclass, the same numbers upstream's GLMModel takes."""
+"""GLM's one config: THUDM's ``config.json`` fields as a transformers ``PretrainedConfig``, and glm_port's run
+settings beside them.
+
+``GLMConfig`` is what ``GLMModel`` is built from and what ``GLMForConditionalGeneration`` (its ``config_class``),
+``save_pretrained``/``from_pretrained``, glm-merge, glm-export and the checkpoints' ``'glm_config'`` read and
+write. Before issue 27 a frozen dataclass (``GLMConfig``) and a transformers config (``GLMPretrainedConfig``),
+converted into each other by a field table, described one GLM twice; the old name still imports, with a
+``DeprecationWarning``, and is this class.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from dataclasses import dataclass
+import copy
 
 from transformers import PretrainedConfig
 
+from glm_port.data._renamed import renamed
 
-@dataclass(frozen=True)
-class GLMConfig:
-    """Shape and regularisation of a GLM; upstream's flag in brackets.
+# How a model is run (trained), not what it is: glm-pretrain's and glm-finetune's flags set them, and config.json
+# never records them. THUDM's config.json carries two of these names (checkpoint_activations,
+# checkpoint_num_layers); read from a file they do not change how glm_port runs the model, and are written back
+# as read (``GLMConfig.from_dict``).
+RUN_SETTINGS = ("max_memory_length", "checkpoint_activations", "checkpoint_num_layers", "checkpoint_policy")
+_CARRIED = "_config_json_run_settings"  # RUN_SETTINGS names a config.json held, with its values
 
-    The defaults are the tiny model of the no-argument ``glm-pretrain`` run, not GLM-Large.
+
+class GLMConfig(PretrainedConfig):
+    """Shape and regularisation of a GLM: THUDM's ``config.json`` field names (upstream's flag in brackets);
+    the defaults are THUDM's (GLM-Large's shape), so a config.json without a field reads as THUDM's code reads it.
+
+    ``init_method_std`` (glm_port's, upstream's name) is ``initializer_range`` (config.json's); ``num_hidden_layers``
+    and ``max_position_embeddings`` are transformers' names of ``num_layers`` and ``max_sequence_length``.
+    Fields THUDM's config carries for other variants (``relative_encoding``, ``attention_scale`` other than 1,
+    ``spell_length``) are read, and refused by ``check_supported`` (``GLMModel`` calls it) rather than ignored.
+    Other THUDM fields (``output_predict``, ``pool_token``...) are kept as they are and written back.
     """
 
-    vocab_size: int = 30592  # padded vocabulary (upstream pads to a multiple of 128)
-    num_layers: int = 2  # --num-layers
-    hidden_size: int = 128  # --hidden-size
-    num_attention_heads: int = 4  # --num-attention-heads
-    max_sequence_length: int = 128  # --max-position-embeddings
-    embedding_dropout_prob: float = 0.1  # --hidden-dropout
-    attention_dropout_prob: float = 0.1  # --attention-dropout
-    output_dropout_prob: float = 0.1  # --hidden-dropout
-    layernorm_epsilon: float = 1e-5  # --layernorm-epsilon
-    init_method_std: float = 0.02
-    intermediate_size: int | None = None  # --intermediate-size: the MLP's inner width; None = 4 * hidden_size
-    max_memory_length: int = 0  # --mem-length (Transformer-XL style memory; 0 = off)
-    block_position_encoding: bool = True  # 2D positions (--block-lm)
-    checkpoint_activations: bool = False  # --checkpoint-activations
-    checkpoint_num_layers: int = 1  # --checkpoint-num-layers
-    # What checkpointing keeps of a chunk (--checkpoint-policy): "full" only its input, "selective" also
-    # the outputs of its matmuls, recomputing the elementwise ops and attention in backward.
-    checkpoint_policy: str = "full"
-    # "fused": shim's fused_masked_attention (torch's SDPA on CUDA, a blocked kernel with dropout on CPU);
-    # "sdpa": torch's scaled_dot_product_attention with a boolean mask, as it is;
-    # "explicit": upstream's formula scores*mask - 65504*(1-mask), kept as the reference.
-    attention_impl: str = "fused"
+    model_type = "glm"
+    attribute_map = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_sequence_length",
+                     "init_method_std": "initializer_range"}
 
-    def __post_init__(self):
+    def __init__(self, num_layers=24, vocab_size=30592, hidden_size=1024, num_attention_heads=16,
+                 embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
+                 max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
+                 attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
+                 spell_length=None, intermediate_size=None, max_memory_length=0, checkpoint_activations=False,
+                 checkpoint_num_layers=1, checkpoint_policy="full", **kwargs):
+        self.num_layers = num_layers  # --num-layers
+        self.vocab_size = vocab_size  # padded vocabulary (upstream pads to a multiple of 128)
+        self.hidden_size = hidden_size  # --hidden-size
+        self.num_attention_heads = num_attention_heads  # --num-attention-heads
+        self.embedding_dropout_prob = embedding_dropout_prob  # --hidden-dropout
+        self.attention_dropout_prob = attention_dropout_prob  # --attention-dropout
+        self.output_dropout_prob = output_dropout_prob  # --hidden-dropout
+        self.max_sequence_length = max_sequence_length  # --max-position-embeddings
+        self.block_position_encoding = block_position_encoding  # 2D positions (--block-lm)
+        self.relative_encoding = relative_encoding
+        self.attention_scale = attention_scale
+        self.layernorm_epsilon = layernorm_epsilon  # --layernorm-epsilon
+        self.initializer_range = initializer_range  # init_method_std
+        # "fused": shim's fused_masked_attention (torch's SDPA on CUDA, a blocked kernel with dropout on CPU);
+        # "sdpa": torch's scaled_dot_product_attention with a boolean mask, as it is;
+        # "explicit": upstream's formula scores*mask - 65504*(1-mask), kept as the reference.
+        self.attention_impl = attention_impl
+        self.spell_length = spell_length
+        self.intermediate_size = intermediate_size  # --intermediate-size: the MLP's inner width; None = 4 * hidden
+        # The run settings (RUN_SETTINGS).
+        self.max_memory_length = max_memory_length  # --mem-length (Transformer-XL style memory; 0 = off)
+        self.checkpoint_activations = checkpoint_activations  # --checkpoint-activations
+        self.checkpoint_num_layers = checkpoint_num_layers  # --checkpoint-num-layers
+        # What checkpointing keeps of a chunk (--checkpoint-policy): "full" only its input, "selective" also
+        # the outputs of its matmuls, recomputing the elementwise ops and attention in backward.
+        self.checkpoint_policy = checkpoint_policy
+        kwargs.setdefault("tie_word_embeddings", True)
+        super().__init__(**kwargs)  # init_method_std among kwargs lands in initializer_range (attribute_map)
+        self._check_shape()
+
+    # ---- checks ----------------------------------------------------------------------------------------
+    def _check_shape(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden size {self.hidden_size} is not divisible by "
@@ -57,6 +94,18 @@ class GLMConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
+    def check_supported(self) -> None:
+        """A one-line ValueError for values out of range (also after fields were set one by one) and for
+        THUDM variants glm_port does not run."""
+        self._check_shape()
+        if self.relative_encoding:
+            raise ValueError("config.json: relative_encoding (Transformer-XL positions) is not supported")
+        if self.attention_scale not in (None, 1, 1.0):
+            raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
+        if self.spell_length:
+            raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
+
+    # ---- derived sizes ---------------------------------------------------------------------------------
     @property
     def ffn_hidden_size(self) -> int:
         """The MLP's inner width: ``intermediate_size``, else upstream's 4 * hidden_size."""
@@ -66,81 +115,46 @@ class GLMConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    # ---- copies, comparison, serialisation -------------------------------------------------------------
     def replace(self, **changes) -> "GLMConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (this one unchanged), checked as a new config is; a TypeError for a name
+        that is no field."""
+        unknown = [name for name in changes if name not in vars(self) and name not in self.attribute_map]
+        if unknown:
+            raise TypeError(f"GLMConfig has no field {unknown[0]!r}")
+        config = copy.deepcopy(self)
+        for name, value in changes.items():
+            setattr(config, name, value)
+        config._check_shape()
+        return config
+
+    def __eq__(self, other):
+        # transformers' PretrainedConfig compares every attribute, but the dataclass transformers makes of each
+        # config subclass would compare only PretrainedConfig's own fields: say which.
+        return type(other) is type(self) and vars(self) == vars(other)
+
+    __hash__ = None  # mutable, as transformers configs are
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class GLMPretrainedConfig(PretrainedConfig):
-    """GLM's ``config.json`` (THUDM's field names), as transformers configs go.
-
-    ``to_glm_config()`` gives glm_port's ``GLMConfig``. Fields THUDM's config carries for other
-    variants (``relative_encoding``, ``attention_scale`` other than 1, ``spell_length``) are refused
-    by ``to_glm_config`` rather than ignored.
-    """
-
-    model_type = "glm"
-    attribute_map = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_sequence_length"}
-
-    def __init__(self, num_layers=24, vocab_size=30592, hidden_size=1024, num_attention_heads=16,
-                 embedding_dropout_prob=0.1, attention_dropout_prob=0.1, output_dropout_prob=0.1,
-                 max_sequence_length=512, block_position_encoding=True, relative_encoding=False,
-                 attention_scale=1.0, layernorm_epsilon=1e-5, initializer_range=0.02, attention_impl="fused",
-                 spell_length=None, intermediate_size=None, **kwargs):
-        self.num_layers = num_layers
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_attention_heads = num_attention_heads
-        self.embedding_dropout_prob = embedding_dropout_prob
-        self.attention_dropout_prob = attention_dropout_prob
-        self.output_dropout_prob = output_dropout_prob
-        self.max_sequence_length = max_sequence_length
-        self.block_position_encoding = block_position_encoding
-        self.relative_encoding = relative_encoding
-        self.attention_scale = attention_scale
-        self.layernorm_epsilon = layernorm_epsilon
-        self.initializer_range = initializer_range
-        self.attention_impl = attention_impl
-        self.spell_length = spell_length
-        self.intermediate_size = intermediate_size  # None: 4 * hidden_size (upstream's --intermediate-size)
-        kwargs.setdefault("tie_word_embeddings", True)
-        super().__init__(**kwargs)
-
-    def to_glm_config(self) -> GLMConfig:
-        if self.relative_encoding:
-            raise ValueError("config.json: relative_encoding (Transformer-XL positions) is not supported")
-        if self.attention_scale not in (None, 1, 1.0):
-            raise ValueError(f"config.json: attention_scale {self.attention_scale} is not supported (only 1.0)")
-        if self.spell_length:
-            raise ValueError("config.json: spell_length (P-tuning prompts) is not supported")
-        return GLMConfig(**{field: getattr(self, name) for field, name in config_json_fields().items()})
+        """transformers' dict (what config.json and checkpoints' ``'glm_config'`` hold) without the run settings,
+        but with those a config.json held, as it held them."""
+        fields = super().to_dict()
+        for name in RUN_SETTINGS:
+            fields.pop(name, None)
+        fields.update(fields.pop(_CARRIED, None) or {})
+        return fields
 
     @classmethod
-    def from_glm_config(cls, config: GLMConfig, **kwargs) -> "GLMPretrainedConfig":
-        fields = config.to_dict()
-        return cls(**{name: fields[field] for field, name in config_json_fields().items()}, **kwargs)
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """A config.json's (or a saved ``to_dict``'s) fields, as ``from_pretrained`` reads them: run-setting names
+        it holds are kept to be written back, the run settings themselves left at their defaults."""
+        fields = dict(config_dict)
+        carried = {name: fields.pop(name) for name in RUN_SETTINGS if name in fields}
+        read = super().from_dict(fields, **kwargs)
+        config = read[0] if isinstance(read, tuple) else read
+        if carried:
+            setattr(config, _CARRIED, carried)
+        return read
 
 
-# GLMConfig's fields config.json spells otherwise; every other field of both is spelled alike.
-JSON_NAMES = {"init_method_std": "initializer_range"}
-# GLMConfig's fields that are how a model is run (trained), not what it is: never in config.json.
-RUN_ONLY_FIELDS = ("max_memory_length", "checkpoint_activations", "checkpoint_num_layers", "checkpoint_policy")
-
-
-def config_json_fields() -> dict[str, str]:
-    """GLMConfig field -> its config.json name (``GLMPretrainedConfig``'s argument), for every field but the
-    run-only ones: the one mapping both conversions use, so a field added to one config and not the other
-    is an error here (``test_one_forward``) rather than a silently dropped value."""
-    arguments = inspect.signature(GLMPretrainedConfig.__init__).parameters
-    mapping = {}
-    for field in dataclasses.fields(GLMConfig):
-        if field.name in RUN_ONLY_FIELDS:
-            continue
-        name = JSON_NAMES.get(field.name, field.name)
-        if name not in arguments:
-            raise TypeError(f"GLMConfig.{field.name} has no config.json field ({name}): add it to "
-                            f"GLMPretrainedConfig or to RUN_ONLY_FIELDS")
-        mapping[field.name] = name
-    return mapping
+__getattr__ = renamed(__name__, {"GLMPretrainedConfig": "GLMConfig"}, globals())  # the name before issue 27

@@ -94,11 +94,11 @@ def collate(samples, vocab) -> dict:
 
 def generate(model: GLMModel, vocab, samples, search: dict, batch_size: int, device) -> list[str]:
     """Each sample's Part A continued after ``sop`` by ``GLMForConditionalGeneration.generate``."""
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
     from glm_port.models.glm.tokenizer import GLMTokenizer
 
     tokenizer = GLMTokenizer(vocab)
-    generator = GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(model.config), glm=model).eval()
+    generator = GLMForConditionalGeneration(model.config, glm=model).eval()
     stops = [tokenizer.eop_token_id, tokenizer.eos_token_id]
     search = {"eos_token_id": stops, "pad_token_id": tokenizer.pad_token_id, **search}
     texts = []
@@ -116,9 +116,9 @@ def generate(model: GLMModel, vocab, samples, search: dict, batch_size: int, dev
 
 def save(model: GLMModel, vocab, directory: Path, source: Path | None) -> None:
     """A directory ``from_pretrained`` and glm-generate read: config, safetensors, the vocabulary files."""
-    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+    from glm_port.models.glm.hf import GLMForConditionalGeneration
 
-    GLMForConditionalGeneration(GLMPretrainedConfig.from_glm_config(model.config), glm=model).save_pretrained(directory)
+    GLMForConditionalGeneration(model.config, glm=model).save_pretrained(directory)
     save_tokenizer(vocab, directory, source)
 
 

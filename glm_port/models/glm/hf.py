@@ -22,21 +22,24 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import shim as torch
 import shim.nn.functional as F
-from glm_port.models.glm.config import GLMPretrainedConfig  # noqa: F401  (its home is config.py)
+from glm_port.data._renamed import renamed
+from glm_port.models.glm.config import GLMConfig
 from glm_port.models.glm.model import GLMModel
 
 
 class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
     """GLM with a language-model head tied to the word embeddings, a KV cache and ``generate``."""
 
-    config_class = GLMPretrainedConfig
+    config_class = GLMConfig
     base_model_prefix = "glm"
     main_input_name = "input_ids"
     _no_split_modules = ["TransformerLayer"]
 
-    def __init__(self, config: GLMPretrainedConfig, glm: GLMModel | None = None):
+    def __init__(self, config: GLMConfig, glm: GLMModel | None = None):
+        """``glm``: a ``GLMModel`` of ``config`` to wrap as it is (finetuning's); without one, a new ``GLMModel``
+        built from ``self.config``: the wrapper and the model hold one config object."""
         super().__init__(config)
-        self.glm = glm if glm is not None else GLMModel(config.to_glm_config())
+        self.glm = glm if glm is not None else GLMModel(self.config)
         self.pipeline = None  # a glm_port.distributed.PipelineStage when the layers are split into stages
         self.run_device = None  # where it runs, when the first parameter (another stage's) does not say
         self.post_init()
@@ -73,7 +76,7 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
             raise ValueError(problem)
 
         dtype = overrides.pop("torch_dtype", dtype)  # transformers' older spelling
-        unknown = [k for k in overrides if not hasattr(GLMPretrainedConfig(), k)]
+        unknown = [k for k in overrides if not hasattr(GLMConfig(), k)]
         if unknown:
             raise TypeError(f"from_pretrained got unexpected arguments: {', '.join(unknown)} (config fields and "
                             f"dtype, device, tensor_parallel are accepted)")
@@ -164,3 +167,5 @@ class GLMForConditionalGeneration(PreTrainedModel, GenerationMixin):
             inputs["logits_to_keep"] = kwargs["logits_to_keep"]
         return inputs
 
+
+__getattr__ = renamed(__name__, {"GLMPretrainedConfig": "GLMConfig"}, globals())  # the name before issue 27

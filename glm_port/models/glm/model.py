@@ -275,6 +275,7 @@ class GLMModel(nn.Module):
 
     def __init__(self, config: GLMConfig):
         super().__init__()
+        config.check_supported()
         self.config = config
         # Vocab-split over tensor-parallel ranks (one table in one process); on the first and the last
         # pipeline stages (input and tied output), on the meta device elsewhere.

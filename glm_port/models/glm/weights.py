@@ -339,24 +339,26 @@ def stage_weights(stage) -> Callable[[str], bool]:
 
 # ---- the architecture ------------------------------------------------------------------------------
 def source_config(source: WeightSource, overrides: dict | None = None):
-    """A ``GLMPretrainedConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
-    from glm_port.models.glm.config import GLMPretrainedConfig
-    from glm_port.models.glm.config import GLMConfig
+    """A ``GLMConfig`` for ``source``: its config.json, glm-pretrain's glm_config, or the shapes."""
+    from glm_port.models.glm.config import RUN_SETTINGS, GLMConfig
 
     overrides = dict(overrides or {})
     if source.config is not None:
         fields = {k: v for k, v in source.config.items() if not k.startswith("_")}
         fields.pop("architectures", None)
         fields.pop("auto_map", None)
-        config = GLMPretrainedConfig(**fields)
+        config = GLMConfig.from_dict(fields)
     else:
         first = _Reader(source.files[0])
         embedded = first.config()
         if embedded is None and source.kind == "megatron":
             checkpoint = _torch_load(source.files[0])
             embedded = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
-        if embedded is not None:
-            config = GLMPretrainedConfig.from_glm_config(GLMConfig(**embedded))
+        if embedded is not None and "model_type" not in embedded:
+            # glm-pretrain's checkpoints from while GLMConfig was a dataclass: its fields, the run settings not taken
+            config = GLMConfig(**{k: v for k, v in embedded.items() if k not in RUN_SETTINGS})
+        elif embedded is not None:
+            config = GLMConfig.from_dict({k: v for k, v in embedded.items() if not k.startswith("_")})
         else:
             config = _config_from_shapes(first, source.mp_size, overrides.pop("num_attention_heads", None))
     for key, value in overrides.items():
@@ -366,7 +368,7 @@ def source_config(source: WeightSource, overrides: dict | None = None):
 
 def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
     """Upstream's files carry no architecture: read it off the shapes (heads: 64-wide, as every GLM release)."""
-    from glm_port.models.glm.config import GLMPretrainedConfig
+    from glm_port.models.glm.config import GLMConfig
 
     names = set(reader.keys())
     if "word_embeddings.weight" not in names:
@@ -383,9 +385,8 @@ def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
             "%s: no config.json and no saved architecture: assuming %d attention heads (64 wide, as every GLM "
             "release); if the model has others, put a config.json with num_attention_heads beside the files "
             "(glm-merge --num-attention-heads N writes one)", reader.path.parent, heads)
-    return GLMPretrainedConfig(num_layers=layers, vocab_size=rows * mp_size, hidden_size=hidden,
-                               num_attention_heads=heads, max_sequence_length=positions,
-                               block_position_encoding=block)
+    return GLMConfig(num_layers=layers, vocab_size=rows * mp_size, hidden_size=hidden,
+                     num_attention_heads=heads, max_sequence_length=positions, block_position_encoding=block)
 
 
 # ---- loading into a model --------------------------------------------------------------------------
