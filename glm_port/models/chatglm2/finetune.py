@@ -92,16 +92,36 @@ def chatglm3_conversation_example(tokenizer, messages, max_source_length: int = 
     ``[gMASK] sop``, each message, ``</s>``; a token is counted when the one before it belongs to an assistant
     message (so every assistant turn's ``"\n"``, text and the token after it); the whole cut to
     ``max_source_length + max_target_length + 1``."""
-    input_ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
-    assistant = [False, False]
+    prefix = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
+    return role_conversation(messages, prefix, lambda message: message_ids(tokenizer, message),
+                             tokenizer.eos_token_id, max_source_length, max_target_length)
+
+
+def role_conversation(messages, prefix: list[int], encode_message, end: int, max_source_length: int = 64,
+                      max_target_length: int = 128) -> dict:
+    """``{"input_ids", "labels"}`` of a conversation in a role-token format (ChatGLM3's, GLM-4's), as THUDM's
+    finetune_demo ``process_batch`` builds one: ``prefix``, each message as ``encode_message(message)`` gives its
+    ids, then ``end``; a token is counted when the one before it belongs to an assistant message; the whole cut
+    to ``max_source_length + max_target_length + 1``."""
+    input_ids = list(prefix)
+    assistant = [False] * len(prefix)
     for message in messages:
-        part = message_ids(tokenizer, message)
+        part = encode_message(message)
         input_ids += part
         assistant += [message["role"] == "assistant"] * len(part)
-    input_ids.append(tokenizer.eos_token_id)
+    input_ids.append(end)
     labels = [IGNORE_INDEX] + [t if after else IGNORE_INDEX for t, after in zip(input_ids[1:], assistant)]
     cap = max_source_length + max_target_length + 1
     return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+
+
+def role_prompt(messages, prefix: list[int], encode_message, assistant: int, max_source_length: int = 64) -> list[int]:
+    """``prefix`` + the messages (``encode_message`` each; the whole cut to ``max_source_length``) + ``assistant``
+    (the role token a reply follows): where a reply starts in a role-token format (ChatGLM3's, GLM-4's)."""
+    ids = list(prefix)
+    for message in messages:
+        ids += encode_message(message)
+    return ids[:max_source_length] + [assistant]
 
 
 def prompt_messages(messages) -> list:
@@ -119,10 +139,9 @@ def prompt_messages(messages) -> list:
 def chatglm3_prompt(tokenizer, messages, max_source_length: int = 64) -> list[int]:
     """``[gMASK] sop`` + the messages (cut to ``max_source_length``) + ``<|assistant|>``: what
     ``build_chat_input`` builds for the last message as the query and the others as its history."""
-    ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
-    for message in messages:
-        ids += message_ids(tokenizer, message)
-    return ids[:max_source_length] + [tokenizer.get_command("<|assistant|>")]
+    return role_prompt(messages, [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")],
+                       lambda message: message_ids(tokenizer, message), tokenizer.get_command("<|assistant|>"),
+                       max_source_length)
 
 
 def as_history(pair) -> tuple[str, str, list]:

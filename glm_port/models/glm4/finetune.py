@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA_TARGET_MODULES, collate,
                                                config_of, conversation_of, fingerprint, fit_lengths, generate,
-                                               logits, lora_config, prompt_messages, save, save_tokenizer)
+                                               logits, lora_config, prompt_messages, role_conversation, role_prompt,
+                                               save, save_tokenizer)
 from glm_port.models.glm4.tiny import NAME as EMBEDDED
 
 END_OF_CHAT = "<|user|>"  # finetune_demo's input_ids.append(151336): what closes a training conversation
@@ -52,16 +53,8 @@ def prefix_ids(tokenizer) -> list[int]:
 def conversation_example(tokenizer, messages, max_source_length: int = 64, max_target_length: int = 128) -> dict:
     """``{"input_ids", "labels"}`` of a conversation as finetune_demo's ``process_batch`` builds it (module
     docstring), unpadded, cut to ``max_source_length + max_target_length + 1``."""
-    input_ids = prefix_ids(tokenizer)
-    assistant = [False, False]
-    for message in messages:
-        part = message_ids(tokenizer, message)
-        input_ids += part
-        assistant += [message["role"] == "assistant"] * len(part)
-    input_ids.append(tokenizer.get_command(END_OF_CHAT))
-    labels = [IGNORE_INDEX] + [t if after else IGNORE_INDEX for t, after in zip(input_ids[1:], assistant)]
-    cap = max_source_length + max_target_length + 1
-    return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+    return role_conversation(messages, prefix_ids(tokenizer), lambda message: message_ids(tokenizer, message),
+                             tokenizer.get_command(END_OF_CHAT), max_source_length, max_target_length)
 
 
 def train_example(tokenizer, content: str, summary: str, max_source_length: int = 64,
@@ -74,10 +67,8 @@ def train_example(tokenizer, content: str, summary: str, max_source_length: int 
 
 def prompt_ids(tokenizer, messages, max_source_length: int = 64) -> list[int]:
     """``[gMASK]<sop>`` + the messages (cut to ``max_source_length``) + ``<|assistant|>``: where a reply starts."""
-    ids = prefix_ids(tokenizer)
-    for message in messages:
-        ids += message_ids(tokenizer, message)
-    return ids[:max_source_length] + [tokenizer.get_command("<|assistant|>")]
+    return role_prompt(messages, prefix_ids(tokenizer), lambda message: message_ids(tokenizer, message),
+                       tokenizer.get_command("<|assistant|>"), max_source_length)
 
 
 # ---- the binding glm-finetune drives (same names in every family: see glm_port/models/glm/finetune.py) ----

@@ -104,6 +104,31 @@ def test_a_conversation_counts_every_assistant_turn_and_no_other(tiny):
     assert sample.target[sample.sep - 1:].tolist()[:len(reply)] == reply
 
 
+def test_glm4s_conversations_and_chatglm3s_are_built_by_one_function(tiny):
+    """Duplicates D8: GLM-4's samples and prompts are ChatGLM3's builder (``chatglm2.finetune.role_conversation``,
+    ``role_prompt``) with GLM-4's prefix, messages and closing token, not a copy of it."""
+    from glm_port.models.chatglm2.finetune import role_conversation, role_prompt
+    from glm_port.models.glm4.finetune import message_ids, prompt_ids
+
+    _, tok = tiny
+    messages = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "cat the"},
+                {"role": "user", "content": "a day"}, {"role": "assistant", "content": "day a"}]
+    prefix = [tok.get_command("[gMASK]"), tok.get_command("<sop>")]
+
+    def encode_message(message):
+        return message_ids(tok, message)
+
+    assert conversation_example(tok, messages, 64, 8) == role_conversation(
+        messages, prefix, encode_message, tok.get_command("<|user|>"), 64, 8)
+    assert prompt_ids(tok, messages[:3], 64) == role_prompt(messages[:3], prefix, encode_message,
+                                                            tok.get_command("<|assistant|>"), 64)
+    # the shared builder: any prefix, the tokens after an assistant's counted, the end closing it
+    turns = [{"role": "user"}, {"role": "assistant"}]
+    built = role_conversation(turns, [1, 2, 3], lambda m: [10, 11] if m["role"] == "user" else [20, 21], 99, 4, 4)
+    assert built == {"input_ids": [1, 2, 3, 10, 11, 20, 21, 99], "labels": [IGNORE_INDEX] * 6 + [21, 99]}
+    assert role_prompt(turns[:1], [1, 2], lambda m: [10, 11, 12], 50, 4) == [1, 2, 10, 11, 50]
+
+
 def _losses(out: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(out)}
 
