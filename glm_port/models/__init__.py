@@ -144,7 +144,7 @@ FAMILIES: dict[str, Family] = {
                        tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",
                        weights="glm_port.models.chatglm2.weights", convert="glm_port.models.chatglm2.convert"),
     "glm4": Family("glm4", "glm_port.models.glm4", "GLM4Config", "GLM4ForCausalLM", ("chatglm", "glm"),
-                   supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute", "merge"}),
+                   supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute", "merge", "export"}),
                    quantize_keep=("*output_layer",), finetune="glm_port.models.glm4.finetune",
                    detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
                    chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny",

@@ -434,15 +434,18 @@ def quantize_checkpoint(state: dict, config, mode: str) -> tuple[dict, ChatGLM2C
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(),
-                    max_shard_size="2GB", desc: str = "glm-export") -> dict:
+                    max_shard_size="2GB", desc: str = "glm-export", model_class=None) -> dict:
     """A whole (THUDM-named) ``state`` -> one THUDM-layout directory ``dst``, as ``merge_checkpoint`` writes it
     (safetensors shards + index, ``config.json`` with the weights' dtype, the tokenizer): glm-export's writer
     for a model with its LoRA adapter folded in. Names are checked against the architecture first; ``dst``
-    appears whole or not at all, and may neither be, contain nor lie inside any of ``inputs``."""
-    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+    appears whole or not at all, and may neither be, contain nor lie inside any of ``inputs``. ``model_class``:
+    the architecture the names are checked against and ``config.json`` names (default ``ChatGLM2ForCausalLM``;
+    GLM-4's binding passes its own)."""
+    if model_class is None:
+        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM as model_class
 
     with torch.device("meta"):
-        expected = {k: list(v.shape) for k, v in ChatGLM2ForCausalLM(config).state_dict().items()}
+        expected = {k: list(v.shape) for k, v in model_class(config).state_dict().items()}
     if config.quantization_bit:  # THUDM's quantized layout: the layers' four linears as int8 + a scale a row
         from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
 
@@ -454,7 +457,7 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
                 expected[f"{name}_scale"] = [rows]
     for name, tensor in state.items():
         if expected.get(name) != list(tensor.shape):
-            raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this ChatGLM2 architecture "
+            raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this {model_class.__name__} architecture "
                                f"({'needs ' + str(expected[name]) if name in expected else 'unexpected name'})")
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -462,7 +465,8 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
     stored = dtypes.pop() if len(dtypes) == 1 else torch.float32
     write_plan([(n, lambda n=n: state[n]) for n in state], dst,
-               lambda directory: _write_config_and_tokenizer(config, stored, tokenizer, directory), None,
+               lambda directory: _write_config_and_tokenizer(config, stored, tokenizer, directory,
+                                                             model_class.__name__), None,
                _parse_size(max_shard_size), None, desc=desc, overwrite=overwrite, inputs=list(inputs))
     return {"output": str(dst), "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
             "dtype": str(stored).replace("torch.", "")}

@@ -14,14 +14,15 @@ renamed to DST when complete). What differs is the tokenizer:
 - ``--from transformers``: the ranks are read back from the ``tokenizer.json`` (``weights.load_tokenizer``) and
   written as THUDM's ``tokenizer.model`` + ``tokenizer_config.json`` (``GLM4Tokenizer.save_pretrained``).
 
-glm-merge writes GLM-4 in THUDM's layout, as ChatGLM2's are written (``chatglm2.convert``'s
-``write_merged``: safetensors shards + index, ``config.json`` naming ``GLM4ForCausalLM``,
+glm-merge and glm-export write GLM-4 in THUDM's layout, as ChatGLM2's are written (``chatglm2.convert``'s
+``write_merged`` and ``save_checkpoint``: safetensors shards + index, ``config.json`` naming ``GLM4ForCausalLM``,
 published whole or not at all), with GLM-4's tokenizer (``tokenizer.model`` + ``tokenizer_config.json``):
 
 - ``merge_checkpoint``: glm-finetune ``--tensor_parallel_degree``'s shards (merged by ChatGLM2's split plan,
   ``weights.shard_source``), or a GLM-4 directory in either layout (transformers' is written back in THUDM's).
-- glm-export is refused before it starts (the family does not declare ``export``): ``quantize_checkpoint`` and
-  ``save_checkpoint`` refuse in one line.
+- ``save_checkpoint``: glm-export's writer, the model with its LoRA adapter folded in.
+- ``quantize_checkpoint``: refused in one line: THUDM's GLM-4 directories carry no quantized layout (no
+  ``quantization_bit`` weights); quantize at load (``glm-generate --quantize``).
 """
 
 from __future__ import annotations
@@ -168,16 +169,20 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
                         overwrite=overwrite, max_shard_size=max_shard_size)
 
 
-def _refused(command: str):
-    raise WeightsError(f"{command} does not write the glm4 family (glm-convert converts it)")
-
-
 def quantize_checkpoint(state: dict, config, mode: str):
-    _refused("glm-export")
+    """glm-export ``--quantize``: refused in one line (GLM-4's directories have no quantized layout)."""
+    raise WeightsError(f"--quantize {mode}: glm-export writes quantized weights in THUDM's ChatGLM2 layout only; "
+                       f"GLM-4's directories hold float weights: quantize a GLM-4 at load with glm-generate --quantize")
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(), **options) -> dict:
-    _refused("glm-export")
+    """A whole GLM-4 ``state`` (THUDM's names) -> one THUDM-layout GLM-4 directory ``dst``: glm-export's writer
+    (``chatglm2.convert.save_checkpoint`` with GLM-4's model class, so ``config.json`` names ``GLM4ForCausalLM``)."""
+    from glm_port.models.chatglm2.convert import save_checkpoint as save_thudm_layout
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    return save_thudm_layout(state, config, tokenizer, dst, overwrite=overwrite, inputs=inputs,
+                             model_class=GLM4ForCausalLM, **options)
 
 
 __all__ = ["TRANSFORMERS_MODEL_TYPES", "fast_tokenizer", "from_transformers", "merge_checkpoint",
