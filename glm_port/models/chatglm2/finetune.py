@@ -339,7 +339,10 @@ def collate(samples, tokenizer) -> dict:
 def logits(model, batch: dict, counted):
     """Logits of the counted positions only. Under tensor parallel, this rank's vocabulary slice (Megatron's
     parallel output, what the vocab-parallel cross entropy takes), the hidden states through copy-to-region
-    so their gradient sums the ranks' slices."""
+    so their gradient sums the ranks' slices. The cross entropy takes equal slices (rank ``r`` holds ids from
+    ``r * width``): a vocabulary that does not divide by the ranks (the tiny GLM-4's, exactly its tokenizer's
+    973) is cut in slices of ``ceil(vocab / ranks)`` rows, the last one filled up with -inf logits, which take
+    no probability and get no gradient."""
     import torch.nn.functional as F
 
     from glm_port.distributed import tensor_parallel_size
@@ -355,7 +358,11 @@ def logits(model, batch: dict, counted):
     rank = dist.current_layout().tensor_parallel_rank
     if weight.requires_grad:  # the whole (replicated) output layer: each rank's rows' gradients summed
         weight = mpu.copy_to_model_parallel_region(weight)
-    return F.linear(mpu.copy_to_model_parallel_region(hidden), weight.chunk(size, dim=0)[rank])
+    width = -(-weight.size(0) // size)
+    local = F.linear(mpu.copy_to_model_parallel_region(hidden), weight[rank * width:(rank + 1) * width])
+    if local.size(-1) < width:
+        local = F.pad(local, (0, width - local.size(-1)), value=float("-inf"))
+    return local
 
 
 def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -> list[str]:

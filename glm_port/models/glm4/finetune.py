@@ -18,7 +18,12 @@ message: ``[gMASK]<sop><|user|>\\n{source}<|assistant|>\\n{target}<|user|>``, lo
 The prompt to generate from (evaluation, ``--do_predict``) is the conversation up to its last assistant turn,
 then ``<|assistant|>`` (the messages' part cut to ``src``): for plain text what ``build_chat_input`` and glm-chat
 feed the model, so a model finetuned here answers in glm-chat and glm-serve. P-Tuning is not offered (GLM-4 does
-not declare ``prefix_tuning``) and neither is tensor parallel finetuning (one line).
+not declare ``prefix_tuning``).
+
+Tensor parallel (``--tensor_parallel_degree``): each rank reads its slices of the directory's weights as
+glm-generate does (``generation.load_split``: ChatGLM2's split plan); the logits and the vocab-parallel loss are
+ChatGLM2's binding's; the shards saved (``mp_rank_XX``, the GLM-4 config and tokenizer beside them) are what
+glm-merge puts back into one GLM-4 directory and what every GLM-4 loader reads as it is.
 """
 
 from __future__ import annotations
@@ -91,13 +96,15 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
     given, else the directory's."""
     from glm_port.distributed import tensor_parallel_size
 
-    if tensor_parallel_size() > 1:
-        raise ValueError("--tensor_parallel_degree: glm-finetune does not split a GLM-4 model yet (one process, "
-                         "or --sharding)")
     if path is None:
         from glm_port.models.glm4.tiny import build_tiny
 
         model, tokenizer = build_tiny()
+    elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as ChatGLM2's)
+        from glm_port.models.glm4.generation import load_split
+        from glm_port.models.glm4.weights import check_directory
+
+        model, tokenizer = load_split(path, check_directory(path), device=device), None
     else:
         from glm_port.models.glm4.weights import load_pretrained
 
