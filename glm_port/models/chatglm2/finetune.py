@@ -233,8 +233,21 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         else:
             model = load_pretrained(path, dtype=None, device=device)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    return model, tokenizer
+
+
+def attach_ptuning(model, pre_seq_len: int | None = None, prefix_projection: bool = False, ptuning_checkpoint=None):
+    """glm-finetune's P-Tuning v2 on a loaded model of ChatGLM2's network (ChatGLM2's, GLM-4's), in place: the
+    prefix of the P-Tuning checkpoint ``ptuning_checkpoint`` (``pre_seq_len`` and ``prefix_projection``, when
+    given, must be its), else a new one of ``pre_seq_len`` positions (``prefix_projection``: THUDM's MLP); the
+    model frozen. Nothing asked for: nothing done."""
+    from glm_port.models.chatglm2.model import attach_prefix
+
     if ptuning_checkpoint is not None:
-        from glm_port.models.chatglm2.model import attach_prefix
         from glm_port.models.chatglm2.weights import WeightsError, read_ptuning_checkpoint
 
         config, state = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
@@ -242,13 +255,8 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
             raise WeightsError(f"--prefix_projection: the P-Tuning checkpoint {ptuning_checkpoint} has no projection")
         attach_prefix(model, config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size, state)
     elif pre_seq_len is not None:
-        from glm_port.models.chatglm2.model import attach_prefix
-
         attach_prefix(model, pre_seq_len, prefix_projection)
-    if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
-    return model, tokenizer
+    return model
 
 
 def tokenizer_home(path):

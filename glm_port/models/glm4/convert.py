@@ -139,7 +139,8 @@ def tokenizer_for(src, source, tokenizer_path):
 
     def load_file(path):
         if not is_rank_file(path):
-            raise WeightsError(f"--tokenizer-path {path}: not a tiktoken rank file ('base64 rank' lines), as GLM-4's is")
+            raise WeightsError(f"--tokenizer-path {path}: not a tiktoken rank file ('base64 rank' lines), as "
+                               f"GLM-4's is")
         return GLM4Tokenizer(path)
 
     src = Path(src)

@@ -22,7 +22,7 @@ import torch
 
 from glm_port.models import WeightsError
 from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, default_dtype, read_config_json,
-                                              tensor_parallel_checkpoint)
+                                              read_ptuning_checkpoint, tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
 
@@ -112,13 +112,29 @@ def _expected(config: GLM4Config) -> dict[str, torch.Size]:
         return {k: v.shape for k, v in GLM4ForCausalLM(config).state_dict().items()}
 
 
-def check_directory(directory) -> GLM4Config:
+def check_directory(directory, ptuning_checkpoint=None, pre_seq_len: int | None = None) -> GLM4Config:
     """Everything checkable without reading a tensor: GLM-4's config, the shards present, no weight missing
-    or left over (tensor-parallel shards: every rank's file, names and parts' shapes, checked on opening)."""
+    or left over (tensor-parallel shards: every rank's file, names and parts' shapes, checked on opening).
+    ``ptuning_checkpoint``: a P-Tuning v2 checkpoint to run on this base (``chatglm2.weights.read_ptuning_checkpoint``,
+    its prefix checked against the base's layers, groups and channels; ``pre_seq_len``, when given, its length);
+    the config returned then carries its prefix settings."""
     shards = shard_source(directory)
     if shards is not None:
+        if ptuning_checkpoint is not None:
+            raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
+                               f"(glm-merge the shards first)")
         return shards.config
     config = read_config(directory)
+    if ptuning_checkpoint is not None:
+        config = _checked_directory(directory, config)
+        config, _ = read_ptuning_checkpoint(ptuning_checkpoint, config, pre_seq_len, tensors=False)
+        return config
+    return _checked_directory(directory, config)
+
+
+def _checked_directory(directory, config: GLM4Config) -> GLM4Config:
+    """``config`` once the directory's weight names are exactly its model's (one line for the first missing or
+    left over)."""
     names = {name for name, _ in weight_plan(directory, config)}
     expected = _expected(config)
     missing = sorted(set(expected) - names)
@@ -131,15 +147,20 @@ def check_directory(directory) -> GLM4Config:
     return config
 
 
-def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = False):
+def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = False,
+                    ptuning_checkpoint=None, pre_seq_len: int | None = None):
     """``GLM4ForCausalLM`` from a GLM-4 directory (either layout, or tensor-parallel shards), tensor by tensor to
     ``dtype`` (default: fp32 on CPU, bf16 on an accelerator) on ``device``, eval mode; ``quantize``
     ("int8"/"int4"): the linears quantized after loading (``Family.quantize``; the output layer kept in float).
     ``quantized``: the weights binding's flag for a layout stored quantized, which GLM-4 has none of (its
-    directories hold float weights): accepted and changes nothing."""
+    directories hold float weights): accepted and changes nothing. ``ptuning_checkpoint``: a P-Tuning v2
+    checkpoint (glm-finetune ``--pre_seq_len``'s output, THUDM's layout) whose prefix is put on the model
+    (``chatglm2.model.attach_prefix``, fp32, as THUDM's code keeps it); ``pre_seq_len``, when given, its length."""
     from glm_port.models.glm4.model import GLM4ForCausalLM
 
     dtype = dtype or default_dtype(device)
+    if ptuning_checkpoint is not None:
+        check_directory(directory, ptuning_checkpoint, pre_seq_len)  # the prefix's fit, before a tensor is read
     config = check_directory(directory)
     expected = _expected(config)
     with torch.device("meta"):
@@ -153,6 +174,13 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
         state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device=device).eval()
+    if ptuning_checkpoint is not None:
+        from glm_port.models.chatglm2.model import attach_prefix
+
+        prefixed, prefix = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
+        attach_prefix(model, prefixed.pre_seq_len, prefixed.prefix_projection, prefixed.prefix_hidden_size,
+                      {k: v.float() for k, v in prefix.items()})
+        model.eval()
     if quantize is not None:
         from glm_port.models import FAMILIES
 
