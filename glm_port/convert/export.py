@@ -175,8 +175,8 @@ def export_own_layout(family, source: Path, out: Path, lora: Path | None, target
     ``quantization_bit`` in config.json): the directory loads quantized as it is, by THUDM's code too."""
     weights, convert = family.binding("weights"), family.binding("convert")
     if tokenizer_type is not None:
-        raise ConvertError("--tokenizer_type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
-                           "(--tokenizer_path)")
+        raise ConvertError(f"--tokenizer_type is for GLM vocabularies; the {family.name} family reads its "
+                           f"tokenizer.model (--tokenizer_path)")
     tokenizer = convert.tokenizer_for(source, weights.open_weights(source), tokenizer_path)
     model = weights.load_pretrained(source, dtype=torch.float32, quantized=False)  # fold in fp32
     if tokenizer.vocab_size > model.config.padded_vocab_size:

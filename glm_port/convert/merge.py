@@ -205,10 +205,11 @@ def merge_own_layout(family, src: Path, out: Path, *, dtype=None, tokenizer_type
     ``chatglm2.weights.tensor_parallel_merge``, the inverse of its split)."""
     merge_checkpoint = family.binding("convert").merge_checkpoint
     if tokenizer_type is not None:
-        raise ConvertError("--tokenizer-type is for GLM vocabularies; ChatGLM2 reads its tokenizer.model "
-                           "(--tokenizer-path)")
+        raise ConvertError(f"--tokenizer-type is for GLM vocabularies; the {family.name} family reads its "
+                           f"tokenizer.model (--tokenizer-path)")
     if num_attention_heads is not None:
-        raise ConvertError("--num-attention-heads is for upstream GLM files; ChatGLM2 checkpoints carry their config")
+        raise ConvertError(f"--num-attention-heads is for upstream GLM files; {family.name} checkpoints carry "
+                           f"their config")
     return merge_checkpoint(src, out, dtype=dtype, tokenizer_path=tokenizer_path,
                             overwrite=overwrite)
 

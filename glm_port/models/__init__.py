@@ -144,8 +144,9 @@ FAMILIES: dict[str, Family] = {
                        tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",
                        weights="glm_port.models.chatglm2.weights", convert="glm_port.models.chatglm2.convert"),
     "glm4": Family("glm4", "glm_port.models.glm4", "GLM4Config", "GLM4ForCausalLM", ("chatglm", "glm"),
-                   supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute"}),
-                   quantize_keep=("*output_layer",), finetune="glm_port.models.glm4.finetune",
+                   supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute", "merge",
+                                       "export", "prefix_tuning"}),
+                   quantize_keep=("*output_layer", "*prefix_encoder.*"), finetune="glm_port.models.glm4.finetune",
                    detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
                    chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny",
                    conversation="glm_port.models.glm4.conversation", weights="glm_port.models.glm4.weights",
@@ -205,8 +206,10 @@ def register(family: Family) -> None:
 def family_at(path) -> Family:
     """The family of the weights at ``path``: the family whose ``detect`` hook claims its (or its folder's)
     directory, else that ``config.json``'s ``model_type``; for
-    tensor-parallel shards without one, the ``model_type`` of the config the shards carry (glm-finetune's
-    ChatGLM2 shards); GLM where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain checkpoints)."""
+    tensor-parallel shards without one, the family whose ``detect`` hook claims the config the shards carry (with
+    the folder holding them or the tokenizer saved beside them: GLM-4's), else that config's ``model_type``
+    (glm-finetune's ChatGLM2 shards); GLM where there is none (upstream's ``mp_rank_XX`` files, glm-pretrain
+    checkpoints)."""
     path = Path(path)
     for directory in (path if path.is_dir() else path.parent, path.parent):
         config = directory / "config.json"
@@ -228,7 +231,11 @@ def family_at(path) -> Family:
         shards = path
     for recorded in ((shards / model_file_name(0)), (shards / SHARDED_STATE)) if shards is not None else ():
         if recorded.is_file():  # a tensor-parallel rank's file, or a sharded (DCP) run's training state
-            model_type = (saved_config(recorded) or {}).get("model_type")
-            if model_type:
-                return family_for(model_type)
+            recorded_config = saved_config(recorded) or {}
+            model_type = recorded_config.get("model_type")
+            if model_type:  # the detect hooks first, on the folders a tokenizer is saved in beside the shards
+                homes = dict.fromkeys((path if path.is_dir() else path.parent, shards, shards.parent))
+                claimed = next((f for home in homes for f in FAMILIES.values() if f.claims(home, recorded_config)),
+                               None)
+                return claimed or family_for(model_type)
     return FAMILIES["glm"]

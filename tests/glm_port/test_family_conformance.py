@@ -13,7 +13,8 @@ For every family:
 3. every feature of ``FEATURES`` the family does not declare is refused by ``Family.require`` in one line naming
    the flag (what it declares passes);
 4. glm-merge (and glm-convert there and back) round trips keep the logits, where the family has the ``hf`` or
-   ``convert`` binding; glm-merge refuses one with neither in one line, exit status 2, nothing written;
+   ``convert`` binding; glm-merge refuses one with neither in one line, exit status 2, nothing written; glm-export
+   writes a family declaring ``export`` in fp32 with the same logits, and refuses any other in one line;
 5. glm-generate at tensor parallel 2 (two gloo processes, one launch for all families) gives one process's
    results, for every family declaring ``tensor_parallel``.
 
@@ -283,6 +284,37 @@ def test_glm_merge_refuses_a_family_it_cannot_write(case, tmp_path, capsys):
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and family.name in err, err
     assert not (tmp_path / "merged").exists()
+
+
+def _export(src: Path, out: Path, capsys) -> tuple[int, str]:
+    from glm_port.convert.export import main
+
+    try:
+        main(["--model_name_or_path", str(src), "--output_path", str(out)])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+def test_glm_export_keeps_the_logits(case, tmp_path, capsys):
+    family = case.family
+    if "export" not in family.supports:
+        pytest.skip(f"the {family.name} family does not declare export (glm-export refuses it: the next test)")
+    code, err = _export(case.saved, tmp_path / "exported", capsys)
+    assert code == 0, err
+    assert family_at(tmp_path / "exported") is family
+    torch.testing.assert_close(logits_of(family, tmp_path / "exported"), case.logits, rtol=0, atol=0)
+
+
+def test_glm_export_refuses_a_family_that_does_not_declare_it(case, tmp_path, capsys):
+    family = case.family
+    if "export" in family.supports:
+        pytest.skip(f"the {family.name} family declares export: glm-export writes it")
+    code, err = _export(case.saved, tmp_path / "exported", capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and f"the {family.name} family does not support glm-export" in err, err
+    assert not (tmp_path / "exported").exists()
 
 
 def test_glm_convert_round_trip_keeps_the_logits(case, tmp_path, capsys):

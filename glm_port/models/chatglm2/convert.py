@@ -324,20 +324,34 @@ def tokenizer_for(src: Path, source, tokenizer_path):
     from glm_port.models.chatglm2.tokenizer import ChatGLM2Tokenizer
     from glm_port.models.chatglm2.weights import load_tokenizer
 
-    if tokenizer_path is not None:
-        path = Path(tokenizer_path).expanduser()
-        if path.is_dir():
-            return load_tokenizer(path)
-        if not path.is_file():
-            raise WeightsError(f"--tokenizer-path {path}: no such file or directory")
-        return ChatGLM2Tokenizer(str(path))
+    return find_tokenizer(src, source, tokenizer_path, load_tokenizer, ChatGLM2Tokenizer)
+
+
+def tokenizer_places(src: Path, source) -> list[Path]:
+    """Where the tokenizer of the weights at ``src`` is looked for: SRC (its folder for a file), then, for
+    tensor-parallel shards, their iteration directory and its parent (the tracker's, where glm-finetune saves it)."""
     places = [src if src.is_dir() else src.parent]
     if hasattr(source, "files"):  # shards: their iteration directory, then its parent (the tracker's)
         places += [source.files[0].parent, source.files[0].parent.parent]
+    return list(dict.fromkeys(places))
+
+
+def find_tokenizer(src: Path, source, tokenizer_path, load_directory, load_file, file_name="tokenizer.model"):
+    """A family's tokenizer for glm-merge: ``tokenizer_path`` (``load_file`` for a file, ``load_directory`` for
+    a directory), else ``load_directory`` of the first of ``tokenizer_places`` holding ``file_name``; a one-line
+    WeightsError with neither."""
+    if tokenizer_path is not None:
+        path = Path(tokenizer_path).expanduser()
+        if path.is_dir():
+            return load_directory(path)
+        if not path.is_file():
+            raise WeightsError(f"--tokenizer-path {path}: no such file or directory")
+        return load_file(str(path))
+    places = tokenizer_places(src, source)
     for place in places:
-        if (place / "tokenizer.model").is_file():
-            return load_tokenizer(place)
-    raise WeightsError(f"no tokenizer.model beside {src} (looked in {', '.join(map(str, dict.fromkeys(places)))}): "
+        if (place / file_name).is_file():
+            return load_directory(place)
+    raise WeightsError(f"no {file_name} beside {src} (looked in {', '.join(map(str, places))}): "
                        f"name it with --tokenizer-path")
 
 
@@ -353,8 +367,19 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
     source = open_weights(src)  # shards: checked on opening (ranks, names, part shapes)
     config = source.config if hasattr(source, "config") else check_directory(src)
     tokenizer = tokenizer_for(src, source, tokenizer_path)
-    if tokenizer.vocab_size > config.padded_vocab_size:
-        raise WeightsError(f"the tokenizer gives {tokenizer.vocab_size} ids, more than the model's "
+    return write_merged(src, dst, source, config, tokenizer, "ChatGLM2ForCausalLM", tokenizer.vocab_size,
+                        f"ChatGLM2 sentencepiece ({tokenizer.vocab_size} ids)", dtype=dtype,
+                        tokenizer_path=tokenizer_path, overwrite=overwrite, max_shard_size=max_shard_size)
+
+
+def write_merged(src: Path, dst: Path, source, config, tokenizer, architecture: str, ids: int, described: str, *,
+                 dtype=None, tokenizer_path=None, overwrite=False, max_shard_size="2GB") -> dict:
+    """glm-merge's writer for a family in THUDM's ChatGLM layout (ChatGLM2's, GLM-4's): every tensor of ``source``
+    (by THUDM's names; shards merged as they are read) into ``dst`` as ``write_plan`` lays it out, with ``config``
+    (``architectures`` [``architecture``], the weights' dtype) and ``tokenizer`` (``ids`` of them, at most the
+    model's ``padded_vocab_size``; ``described`` in the summary). Returns glm-merge's summary."""
+    if ids > config.padded_vocab_size:
+        raise WeightsError(f"the tokenizer gives {ids} ids, more than the model's "
                            f"padded_vocab_size ({config.padded_vocab_size}): name its own with --tokenizer-path")
     stored, count = set(), {"tensors": 0, "parameters": 0}
 
@@ -370,18 +395,18 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
     names = [n for n in source.keys() if not n.endswith(IGNORED_KEYS)]
 
     def write_config(directory):
-        _write_config_and_tokenizer(config, stored.pop() if len(stored) == 1 else torch.float32, tokenizer, directory)
+        _write_config_and_tokenizer(config, stored.pop() if len(stored) == 1 else torch.float32, tokenizer, directory,
+                                    architecture)
 
     write_plan([(n, lambda n=n: get(n)) for n in names], dst, write_config, None, _parse_size(max_shard_size),
                None, desc="glm-merge", overwrite=overwrite, inputs=[("SRC", src), ("--tokenizer-path", tokenizer_path)])
     return {"source": str(src), "kind": "megatron" if hasattr(source, "files") else "hf",
             "shards": getattr(source, "size", 1), "output": str(dst), **count,
-            "dtype": str(config.dtype).replace("torch.", ""),
-            "tokenizer": f"ChatGLM2 sentencepiece ({tokenizer.vocab_size} ids)"}
+            "dtype": str(config.dtype).replace("torch.", ""), "tokenizer": described}
 
 
-def _write_config_and_tokenizer(config, dtype, tokenizer, directory) -> None:
-    config.architectures = ["ChatGLM2ForCausalLM"]
+def _write_config_and_tokenizer(config, dtype, tokenizer, directory, architecture="ChatGLM2ForCausalLM") -> None:
+    config.architectures = [architecture]
     config.dtype = dtype
     config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -409,15 +434,18 @@ def quantize_checkpoint(state: dict, config, mode: str) -> tuple[dict, ChatGLM2C
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(),
-                    max_shard_size="2GB", desc: str = "glm-export") -> dict:
+                    max_shard_size="2GB", desc: str = "glm-export", model_class=None) -> dict:
     """A whole (THUDM-named) ``state`` -> one THUDM-layout directory ``dst``, as ``merge_checkpoint`` writes it
     (safetensors shards + index, ``config.json`` with the weights' dtype, the tokenizer): glm-export's writer
     for a model with its LoRA adapter folded in. Names are checked against the architecture first; ``dst``
-    appears whole or not at all, and may neither be, contain nor lie inside any of ``inputs``."""
-    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+    appears whole or not at all, and may neither be, contain nor lie inside any of ``inputs``. ``model_class``:
+    the architecture the names are checked against and ``config.json`` names (default ``ChatGLM2ForCausalLM``;
+    GLM-4's binding passes its own)."""
+    if model_class is None:
+        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM as model_class
 
     with torch.device("meta"):
-        expected = {k: list(v.shape) for k, v in ChatGLM2ForCausalLM(config).state_dict().items()}
+        expected = {k: list(v.shape) for k, v in model_class(config).state_dict().items()}
     if config.quantization_bit:  # THUDM's quantized layout: the layers' four linears as int8 + a scale a row
         from glm_port.models.chatglm2.weights import QUANTIZED_LINEARS
 
@@ -429,7 +457,7 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
                 expected[f"{name}_scale"] = [rows]
     for name, tensor in state.items():
         if expected.get(name) != list(tensor.shape):
-            raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this ChatGLM2 architecture "
+            raise WeightsError(f"{name} {list(tensor.shape)}: not a weight of this {model_class.__name__} architecture "
                                f"({'needs ' + str(expected[name]) if name in expected else 'unexpected name'})")
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -437,7 +465,8 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
     stored = dtypes.pop() if len(dtypes) == 1 else torch.float32
     write_plan([(n, lambda n=n: state[n]) for n in state], dst,
-               lambda directory: _write_config_and_tokenizer(config, stored, tokenizer, directory), None,
+               lambda directory: _write_config_and_tokenizer(config, stored, tokenizer, directory,
+                                                             model_class.__name__), None,
                _parse_size(max_shard_size), None, desc=desc, overwrite=overwrite, inputs=list(inputs))
     return {"output": str(dst), "tensors": len(state), "parameters": sum(t.numel() for t in state.values()),
             "dtype": str(stored).replace("torch.", "")}

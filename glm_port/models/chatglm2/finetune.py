@@ -92,16 +92,36 @@ def chatglm3_conversation_example(tokenizer, messages, max_source_length: int = 
     ``[gMASK] sop``, each message, ``</s>``; a token is counted when the one before it belongs to an assistant
     message (so every assistant turn's ``"\n"``, text and the token after it); the whole cut to
     ``max_source_length + max_target_length + 1``."""
-    input_ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
-    assistant = [False, False]
+    prefix = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
+    return role_conversation(messages, prefix, lambda message: message_ids(tokenizer, message),
+                             tokenizer.eos_token_id, max_source_length, max_target_length)
+
+
+def role_conversation(messages, prefix: list[int], encode_message, end: int, max_source_length: int = 64,
+                      max_target_length: int = 128) -> dict:
+    """``{"input_ids", "labels"}`` of a conversation in a role-token format (ChatGLM3's, GLM-4's), as THUDM's
+    finetune_demo ``process_batch`` builds one: ``prefix``, each message as ``encode_message(message)`` gives its
+    ids, then ``end``; a token is counted when the one before it belongs to an assistant message; the whole cut
+    to ``max_source_length + max_target_length + 1``."""
+    input_ids = list(prefix)
+    assistant = [False] * len(prefix)
     for message in messages:
-        part = message_ids(tokenizer, message)
+        part = encode_message(message)
         input_ids += part
         assistant += [message["role"] == "assistant"] * len(part)
-    input_ids.append(tokenizer.eos_token_id)
+    input_ids.append(end)
     labels = [IGNORE_INDEX] + [t if after else IGNORE_INDEX for t, after in zip(input_ids[1:], assistant)]
     cap = max_source_length + max_target_length + 1
     return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+
+
+def role_prompt(messages, prefix: list[int], encode_message, assistant: int, max_source_length: int = 64) -> list[int]:
+    """``prefix`` + the messages (``encode_message`` each; the whole cut to ``max_source_length``) + ``assistant``
+    (the role token a reply follows): where a reply starts in a role-token format (ChatGLM3's, GLM-4's)."""
+    ids = list(prefix)
+    for message in messages:
+        ids += encode_message(message)
+    return ids[:max_source_length] + [assistant]
 
 
 def prompt_messages(messages) -> list:
@@ -119,10 +139,9 @@ def prompt_messages(messages) -> list:
 def chatglm3_prompt(tokenizer, messages, max_source_length: int = 64) -> list[int]:
     """``[gMASK] sop`` + the messages (cut to ``max_source_length``) + ``<|assistant|>``: what
     ``build_chat_input`` builds for the last message as the query and the others as its history."""
-    ids = [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")]
-    for message in messages:
-        ids += message_ids(tokenizer, message)
-    return ids[:max_source_length] + [tokenizer.get_command("<|assistant|>")]
+    return role_prompt(messages, [tokenizer.get_command("[gMASK]"), tokenizer.get_command("sop")],
+                       lambda message: message_ids(tokenizer, message), tokenizer.get_command("<|assistant|>"),
+                       max_source_length)
 
 
 def as_history(pair) -> tuple[str, str, list]:
@@ -214,8 +233,21 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         else:
             model = load_pretrained(path, dtype=None, device=device)
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    return model, tokenizer
+
+
+def attach_ptuning(model, pre_seq_len: int | None = None, prefix_projection: bool = False, ptuning_checkpoint=None):
+    """glm-finetune's P-Tuning v2 on a loaded model of ChatGLM2's network (ChatGLM2's, GLM-4's), in place: the
+    prefix of the P-Tuning checkpoint ``ptuning_checkpoint`` (``pre_seq_len`` and ``prefix_projection``, when
+    given, must be its), else a new one of ``pre_seq_len`` positions (``prefix_projection``: THUDM's MLP); the
+    model frozen. Nothing asked for: nothing done."""
+    from glm_port.models.chatglm2.model import attach_prefix
+
     if ptuning_checkpoint is not None:
-        from glm_port.models.chatglm2.model import attach_prefix
         from glm_port.models.chatglm2.weights import WeightsError, read_ptuning_checkpoint
 
         config, state = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
@@ -223,13 +255,8 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
             raise WeightsError(f"--prefix_projection: the P-Tuning checkpoint {ptuning_checkpoint} has no projection")
         attach_prefix(model, config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size, state)
     elif pre_seq_len is not None:
-        from glm_port.models.chatglm2.model import attach_prefix
-
         attach_prefix(model, pre_seq_len, prefix_projection)
-    if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
-    return model, tokenizer
+    return model
 
 
 def tokenizer_home(path):
@@ -320,7 +347,10 @@ def collate(samples, tokenizer) -> dict:
 def logits(model, batch: dict, counted):
     """Logits of the counted positions only. Under tensor parallel, this rank's vocabulary slice (Megatron's
     parallel output, what the vocab-parallel cross entropy takes), the hidden states through copy-to-region
-    so their gradient sums the ranks' slices."""
+    so their gradient sums the ranks' slices. The cross entropy takes equal slices (rank ``r`` holds ids from
+    ``r * width``): a vocabulary that does not divide by the ranks (the tiny GLM-4's, exactly its tokenizer's
+    973) is cut in slices of ``ceil(vocab / ranks)`` rows, the last one filled up with -inf logits, which take
+    no probability and get no gradient."""
     import torch.nn.functional as F
 
     from glm_port.distributed import tensor_parallel_size
@@ -336,7 +366,11 @@ def logits(model, batch: dict, counted):
     rank = dist.current_layout().tensor_parallel_rank
     if weight.requires_grad:  # the whole (replicated) output layer: each rank's rows' gradients summed
         weight = mpu.copy_to_model_parallel_region(weight)
-    return F.linear(mpu.copy_to_model_parallel_region(hidden), weight.chunk(size, dim=0)[rank])
+    width = -(-weight.size(0) // size)
+    local = F.linear(mpu.copy_to_model_parallel_region(hidden), weight[rank * width:(rank + 1) * width])
+    if local.size(-1) < width:
+        local = F.pad(local, (0, width - local.size(-1)), value=float("-inf"))
+    return local
 
 
 def generate(model, tokenizer, samples, search: dict, batch_size: int, device) -> list[str]:

@@ -17,10 +17,10 @@ def accepts_system(tokenizer) -> bool:
     return True
 
 
-def load(directory, *, device="cpu", dtype=None, chat_format=None):
+def load(directory, *, device="cpu", dtype=None, chat_format=None, ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a GLM-4 directory (THUDM's layout or transformers'); ``chat_format``: None or
     "glm4", another is a one-line ``WeightsError`` before the tokenizer and the weights are read, as is a directory
-    that is not GLM-4's (``weights.read_config``)."""
+    that is not GLM-4's (``weights.read_config``); ``ptuning_checkpoint``: a P-Tuning v2 prefix run on it."""
     from glm_port.models.glm4.generation import load as load_generation
     from glm_port.models.glm4.weights import read_config
 
@@ -28,7 +28,7 @@ def load(directory, *, device="cpu", dtype=None, chat_format=None):
     if chat_format is not None and chat_format not in CHAT_FORMATS:
         raise WeightsError(f"--chat-format {chat_format}: {directory} is a glm4 model, whose chat format is {FORMAT}")
     try:
-        return load_generation(directory, dtype=dtype, device=device)
+        return load_generation(directory, dtype=dtype, device=device, ptuning_checkpoint=ptuning_checkpoint)
     except WeightsError:
         raise
     except ValueError as error:  # a tokenizer larger than the model's vocabulary

@@ -14,9 +14,15 @@ renamed to DST when complete). What differs is the tokenizer:
 - ``--from transformers``: the ranks are read back from the ``tokenizer.json`` (``weights.load_tokenizer``) and
   written as THUDM's ``tokenizer.model`` + ``tokenizer_config.json`` (``GLM4Tokenizer.save_pretrained``).
 
-glm-merge has nothing to merge for GLM-4 here (no tensor-parallel shards are written for it: it has no
-``finetune`` binding), and glm-export is refused before it starts (the family does not declare ``export``):
-``merge_checkpoint``, ``tokenizer_for``, ``quantize_checkpoint`` and ``save_checkpoint`` refuse in one line.
+glm-merge and glm-export write GLM-4 in THUDM's layout, as ChatGLM2's are written (``chatglm2.convert``'s
+``write_merged`` and ``save_checkpoint``: safetensors shards + index, ``config.json`` naming ``GLM4ForCausalLM``,
+published whole or not at all), with GLM-4's tokenizer (``tokenizer.model`` + ``tokenizer_config.json``):
+
+- ``merge_checkpoint``: glm-finetune ``--tensor_parallel_degree``'s shards (merged by ChatGLM2's split plan,
+  ``weights.shard_source``), or a GLM-4 directory in either layout (transformers' is written back in THUDM's).
+- ``save_checkpoint``: glm-export's writer, the model with its LoRA adapter folded in.
+- ``quantize_checkpoint``: refused in one line: THUDM's GLM-4 directories carry no quantized layout (no
+  ``quantization_bit`` weights); quantize at load (``glm-generate --quantize``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from glm_port.models import WeightsError
 from glm_port.models.chatglm2.convert import (_parse_size, check_destination, from_glm_plan, to_glm_config,
                                               to_glm_plan, write_plan)
 from glm_port.models.chatglm2.weights import TensorSource, read_config_json
-from glm_port.models.glm4.detect import is_transformers_glm
+from glm_port.models.glm4.detect import is_rank_file, is_transformers_glm
 
 TRANSFORMERS_MODEL_TYPES = ("glm",)  # transformers' native GlmForCausalLM, what from_transformers reads
 
@@ -123,25 +129,61 @@ def from_transformers(src, dst, dtype=None, max_shard_size="2GB") -> None:
                tokenizer_files=())
 
 
-def _refused(command: str):
-    raise WeightsError(f"{command} does not write the glm4 family (glm-convert converts it)")
-
-
-def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=False, **options) -> dict:
-    """glm-merge: refused in one line (GLM-4 has no tensor-parallel shards to merge here)."""
-    raise WeightsError(f"SRC {src}: glm-merge does not merge the glm4 family")
-
-
 def tokenizer_for(src, source, tokenizer_path):
-    _refused("glm-merge")
+    """The GLM-4 tokenizer to write beside the merged weights: ``tokenizer_path`` (a ``tokenizer.model`` or a
+    directory with one, or with a ``tokenizer.json``), else the one beside SRC (for shards: in SRC, their iteration
+    directory or its parent)."""
+    from glm_port.models.chatglm2.convert import find_tokenizer, tokenizer_places
+    from glm_port.models.glm4.tokenizer import GLM4Tokenizer
+    from glm_port.models.glm4.weights import load_tokenizer
+
+    def load_file(path):
+        if not is_rank_file(path):
+            raise WeightsError(f"--tokenizer-path {path}: not a tiktoken rank file ('base64 rank' lines), as "
+                               f"GLM-4's is")
+        return GLM4Tokenizer(path)
+
+    src = Path(src)
+    if tokenizer_path is None:  # transformers' layout carries a tokenizer.json and no tokenizer.model
+        place = next((p for p in tokenizer_places(src, source) if (p / "tokenizer.model").is_file()
+                      or (p / "tokenizer.json").is_file()), None)
+        if place is not None:
+            return load_tokenizer(place)
+    return find_tokenizer(src, source, tokenizer_path, load_tokenizer, load_file)
+
+
+def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=False, max_shard_size="2GB") -> dict:
+    """GLM-4 weights at ``src`` (tensor-parallel shards, or a directory in THUDM's or transformers' layout) -> one
+    THUDM-layout GLM-4 directory ``dst`` (``chatglm2.convert.write_merged``); names, shapes and the tokenizer are
+    checked before anything is written. Returns glm-merge's summary."""
+    from glm_port.models.chatglm2.convert import write_merged
+    from glm_port.models.glm4.weights import check_directory, open_weights
+
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    check_destination(dst, [("SRC", src), ("--tokenizer-path", tokenizer_path)], overwrite, "--overwrite")
+    config = check_directory(src)  # shards: every rank's file, names and parts' shapes; else config and names
+    source = open_weights(src, config)
+    config = getattr(source, "config", config)
+    tokenizer = tokenizer_for(src, source, tokenizer_path)
+    return write_merged(src, dst, source, config, tokenizer, "GLM4ForCausalLM", len(tokenizer),
+                        f"GLM-4 tiktoken ({len(tokenizer)} ids)", dtype=dtype, tokenizer_path=tokenizer_path,
+                        overwrite=overwrite, max_shard_size=max_shard_size)
 
 
 def quantize_checkpoint(state: dict, config, mode: str):
-    _refused("glm-export")
+    """glm-export ``--quantize``: refused in one line (GLM-4's directories have no quantized layout)."""
+    raise WeightsError(f"--quantize {mode}: glm-export writes quantized weights in THUDM's ChatGLM2 layout only; "
+                       f"GLM-4's directories hold float weights: quantize a GLM-4 at load with glm-generate --quantize")
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(), **options) -> dict:
-    _refused("glm-export")
+    """A whole GLM-4 ``state`` (THUDM's names) -> one THUDM-layout GLM-4 directory ``dst``: glm-export's writer
+    (``chatglm2.convert.save_checkpoint`` with GLM-4's model class, so ``config.json`` names ``GLM4ForCausalLM``)."""
+    from glm_port.models.chatglm2.convert import save_checkpoint as save_thudm_layout
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    return save_thudm_layout(state, config, tokenizer, dst, overwrite=overwrite, inputs=inputs,
+                             model_class=GLM4ForCausalLM, **options)
 
 
 __all__ = ["TRANSFORMERS_MODEL_TYPES", "fast_tokenizer", "from_transformers", "merge_checkpoint",

@@ -17,15 +17,27 @@ message: ``[gMASK]<sop><|user|>\\n{source}<|assistant|>\\n{target}<|user|>``, lo
 
 The prompt to generate from (evaluation, ``--do_predict``) is the conversation up to its last assistant turn,
 then ``<|assistant|>`` (the messages' part cut to ``src``): for plain text what ``build_chat_input`` and glm-chat
-feed the model, so a model finetuned here answers in glm-chat and glm-serve. P-Tuning is not offered (GLM-4 does
-not declare ``prefix_tuning``) and neither is tensor parallel finetuning (one line).
+feed the model, so a model finetuned here answers in glm-chat and glm-serve.
+
+P-Tuning v2 (``--pre_seq_len``, ``--prefix_projection``, ``--ptuning_checkpoint``): THUDM's GLM-4
+``modeling_chatglm.py`` keeps ChatGLM2's ``PrefixEncoder`` (``pre_seq_len``, ``prefix_projection``), so the prefix
+is ChatGLM2's (``chatglm2.finetune.attach_ptuning``: the model frozen, the encoder in fp32 the only trained
+weights) and so is the checkpoint (``save_prefix``: ``pytorch_model.bin`` holding ``transformer.prefix_encoder.*``
+alone, ``config.json`` with the prefix settings, GLM-4's tokenizer), which glm-generate and glm-chat
+``--ptuning_checkpoint`` put back on the base (``weights.load_pretrained``).
+
+Tensor parallel (``--tensor_parallel_degree``): each rank reads its slices of the directory's weights as
+glm-generate does (``generation.load_split``: ChatGLM2's split plan); the logits and the vocab-parallel loss are
+ChatGLM2's binding's; the shards saved (``mp_rank_XX``, the GLM-4 config and tokenizer beside them) are what
+glm-merge puts back into one GLM-4 directory and what every GLM-4 loader reads as it is.
 """
 
 from __future__ import annotations
 
-from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA_TARGET_MODULES, collate,
-                                               config_of, conversation_of, fingerprint, fit_lengths, generate,
-                                               logits, lora_config, prompt_messages, save, save_tokenizer)
+from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA_TARGET_MODULES, attach_ptuning,
+                                               collate, config_of, conversation_of, fingerprint, fit_lengths,
+                                               generate, logits, lora_config, prompt_messages, role_conversation,
+                                               role_prompt, save, save_base, save_prefix, save_tokenizer)
 from glm_port.models.glm4.tiny import NAME as EMBEDDED
 
 END_OF_CHAT = "<|user|>"  # finetune_demo's input_ids.append(151336): what closes a training conversation
@@ -52,16 +64,8 @@ def prefix_ids(tokenizer) -> list[int]:
 def conversation_example(tokenizer, messages, max_source_length: int = 64, max_target_length: int = 128) -> dict:
     """``{"input_ids", "labels"}`` of a conversation as finetune_demo's ``process_batch`` builds it (module
     docstring), unpadded, cut to ``max_source_length + max_target_length + 1``."""
-    input_ids = prefix_ids(tokenizer)
-    assistant = [False, False]
-    for message in messages:
-        part = message_ids(tokenizer, message)
-        input_ids += part
-        assistant += [message["role"] == "assistant"] * len(part)
-    input_ids.append(tokenizer.get_command(END_OF_CHAT))
-    labels = [IGNORE_INDEX] + [t if after else IGNORE_INDEX for t, after in zip(input_ids[1:], assistant)]
-    cap = max_source_length + max_target_length + 1
-    return {"input_ids": input_ids[:cap], "labels": labels[:cap]}
+    return role_conversation(messages, prefix_ids(tokenizer), lambda message: message_ids(tokenizer, message),
+                             tokenizer.get_command(END_OF_CHAT), max_source_length, max_target_length)
 
 
 def train_example(tokenizer, content: str, summary: str, max_source_length: int = 64,
@@ -74,10 +78,8 @@ def train_example(tokenizer, content: str, summary: str, max_source_length: int 
 
 def prompt_ids(tokenizer, messages, max_source_length: int = 64) -> list[int]:
     """``[gMASK]<sop>`` + the messages (cut to ``max_source_length``) + ``<|assistant|>``: where a reply starts."""
-    ids = prefix_ids(tokenizer)
-    for message in messages:
-        ids += message_ids(tokenizer, message)
-    return ids[:max_source_length] + [tokenizer.get_command("<|assistant|>")]
+    return role_prompt(messages, prefix_ids(tokenizer), lambda message: message_ids(tokenizer, message),
+                       tokenizer.get_command("<|assistant|>"), max_source_length)
 
 
 # ---- the binding glm-finetune drives (same names in every family: see glm_port/models/glm/finetune.py) ----
@@ -94,19 +96,24 @@ def _tokenizer_at(path):
     return GLM4Tokenizer(str(path)) if path.is_file() else load_tokenizer(path)
 
 
-def load(path, device, recompute: bool = False, tokenizer_path=None):
+def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len: int | None = None,
+         prefix_projection: bool = False, ptuning_checkpoint=None):
     """``(model, tokenizer)``: a GLM-4 directory (THUDM's layout or transformers'), or (None) the embedded
     random-init tiny GLM-4; the tokenizer from ``tokenizer_path`` (a directory or a ``tokenizer.model``) when
-    given, else the directory's."""
+    given, else the directory's. ``pre_seq_len``, ``prefix_projection``, ``ptuning_checkpoint``: P-Tuning v2 as
+    ChatGLM2's binding puts it on (``chatglm2.finetune.attach_ptuning``: a new prefix on the frozen model, or a
+    P-Tuning checkpoint's)."""
     from glm_port.distributed import tensor_parallel_size
 
-    if tensor_parallel_size() > 1:
-        raise ValueError("--tensor_parallel_degree: glm-finetune does not split a GLM-4 model yet (one process, "
-                         "or --sharding)")
     if path is None:
         from glm_port.models.glm4.tiny import build_tiny
 
         model, tokenizer = build_tiny()
+    elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as ChatGLM2's)
+        from glm_port.models.glm4.generation import load_split
+        from glm_port.models.glm4.weights import check_directory
+
+        model, tokenizer = load_split(path, check_directory(path), device=device), None
     else:
         from glm_port.models.glm4.weights import load_pretrained
 
@@ -120,6 +127,7 @@ def load(path, device, recompute: bool = False, tokenizer_path=None):
         raise ValueError(f"the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({model.config.padded_vocab_size})")
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
     if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
@@ -164,4 +172,5 @@ def encode(tokenizer, pairs, src_length: int, tgt_length: int, with_targets: boo
 
 __all__ = ["EMBEDDED", "END_OF_CHAT", "IGNORE_INDEX", "LORA_DEFAULTS", "LORA_TARGET_MODULES", "collate", "config_of",
            "conversation_example", "encode", "fingerprint", "fit_lengths", "generate", "load", "logits",
-           "lora_config", "message_ids", "prompt_ids", "save", "save_tokenizer", "tokenizer_home", "train_example"]
+           "lora_config", "message_ids", "prompt_ids", "save", "save_base", "save_prefix", "save_tokenizer",
+           "tokenizer_home", "train_example"]

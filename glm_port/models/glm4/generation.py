@@ -22,9 +22,12 @@ def check_quantize(path, mode, group_size) -> None:
         check_quantize_rows(check_directory(path), mode, group_size)
 
 
-def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
+def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None,
+         ptuning_checkpoint=None):
     """``(model, tokenizer)`` from a GLM-4 directory, THUDM's layout or transformers' (``tokenizer_path``: another
-    GLM-4 ``tokenizer.model``; without one, the directory's ``tokenizer.model`` or ``tokenizer.json``)."""
+    GLM-4 ``tokenizer.model``; without one, the directory's ``tokenizer.model`` or ``tokenizer.json``);
+    ``ptuning_checkpoint``: a P-Tuning v2 checkpoint (glm-finetune ``--pre_seq_len``'s output), its prefix put on
+    the model (``weights.load_pretrained``)."""
     from glm_port.models.glm4.tokenizer import GLM4Tokenizer
     from glm_port.models.glm4.weights import check_directory, load_pretrained, load_tokenizer
 
@@ -32,14 +35,17 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
         raise ValueError("--tokenizer-type is for GLM vocabularies; GLM-4 reads its tiktoken tokenizer.model")
     if tensor_parallel is not None and getattr(tensor_parallel, "pipeline", None) is not None:
         raise ValueError("the glm4 family does not support pipeline parallelism")
-    config = check_directory(path)
+    if tensor_parallel is not None and ptuning_checkpoint is not None:
+        raise ValueError("--ptuning_checkpoint: a P-Tuning prefix is not split by tensor parallelism")
+    config = check_directory(path, ptuning_checkpoint)  # the prefix's fit too, before a tensor is read
     tokenizer = GLM4Tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer(path)
     if len(tokenizer) > config.padded_vocab_size:
         raise ValueError(f"{path}: the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({config.padded_vocab_size})")
     if tensor_parallel is not None:
         return load_split(path, config, parse_dtype(dtype), device or "cpu"), tokenizer
-    return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu"), tokenizer
+    return load_pretrained(path, dtype=parse_dtype(dtype), device=device or "cpu",
+                           ptuning_checkpoint=ptuning_checkpoint), tokenizer
 
 
 def load_split(path, config, dtype=None, device="cpu"):

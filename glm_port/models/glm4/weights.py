@@ -7,6 +7,11 @@ transformers layout is mapped to THUDM's names by ``chatglm2.convert.from_glm_pl
 ``query_key_value``; ``gate_up_proj`` is ``dense_h_to_4h`` as it is) and its config by
 ``chatglm2.convert.from_glm_config`` (``rope_theta`` = 10000 x ``rope_ratio``, ``partial_rotary_factor`` 0.5).
 A weight missing or left over is a ``WeightsError`` naming it before the model is used.
+
+Tensor-parallel shards (glm-finetune ``--tensor_parallel_degree``'s ``mp_rank_XX_model_states.pt``, the config
+under ``'glm_config'``) are read as ChatGLM2's are (``chatglm2.weights.ShardSource``: each tensor merged by the
+split plan when asked), their config read as GLM-4's (``shard_source``): every reader here takes such a
+directory as it takes THUDM's.
 """
 
 from __future__ import annotations
@@ -16,9 +21,20 @@ from pathlib import Path
 import torch
 
 from glm_port.models import WeightsError
-from glm_port.models.chatglm2.weights import IGNORED_KEYS, TensorSource, default_dtype, read_config_json
+from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, default_dtype, read_config_json,
+                                              read_ptuning_checkpoint, tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
+
+
+def shard_source(directory):
+    """The tensor-parallel checkpoint at ``directory`` (``chatglm2.weights.ShardSource``, checked on opening) with
+    its ``config`` a ``GLM4Config``; None when ``directory`` holds no shards."""
+    source = tensor_parallel_checkpoint(directory)
+    if source is not None:
+        saved = {k: v for k, v in source.config.to_dict().items() if k not in ("model_type", "transformers_version")}
+        source.config = GLM4Config(**saved)
+    return source
 
 
 def read_config(directory) -> GLM4Config:
@@ -47,7 +63,10 @@ def read_config(directory) -> GLM4Config:
 
 
 def weight_plan(directory, config: GLM4Config) -> list[tuple[str, object]]:
-    """``[(our tensor name, function reading it)]`` for the directory's layout."""
+    """``[(our tensor name, function reading it)]`` for the directory's layout (tensor-parallel shards too)."""
+    shards = shard_source(directory)
+    if shards is not None:
+        return [(name, lambda name=name: shards[name]) for name in shards.keys()]
     source = TensorSource(directory)
     if is_transformers_glm(read_config_json(directory)):
         from glm_port.models.chatglm2.convert import from_glm_plan
@@ -79,7 +98,10 @@ class PlannedWeights:
 def open_weights(directory, config: GLM4Config | None = None) -> PlannedWeights:
     """The directory's tensors by THUDM's names (either layout), each read lazily when asked (the weights binding's
     ``open_weights``; ``generation.load_split`` copies each rank's slices from it); ``config``: its config already
-    read."""
+    read. Tensor-parallel shards: their ``ShardSource`` (``shard_source``), whose ``config`` is theirs."""
+    shards = shard_source(directory)
+    if shards is not None:
+        return shards
     return PlannedWeights(weight_plan(directory, config or read_config(directory)))
 
 
@@ -90,10 +112,29 @@ def _expected(config: GLM4Config) -> dict[str, torch.Size]:
         return {k: v.shape for k, v in GLM4ForCausalLM(config).state_dict().items()}
 
 
-def check_directory(directory) -> GLM4Config:
+def check_directory(directory, ptuning_checkpoint=None, pre_seq_len: int | None = None) -> GLM4Config:
     """Everything checkable without reading a tensor: GLM-4's config, the shards present, no weight missing
-    or left over."""
+    or left over (tensor-parallel shards: every rank's file, names and parts' shapes, checked on opening).
+    ``ptuning_checkpoint``: a P-Tuning v2 checkpoint to run on this base (``chatglm2.weights.read_ptuning_checkpoint``,
+    its prefix checked against the base's layers, groups and channels; ``pre_seq_len``, when given, its length);
+    the config returned then carries its prefix settings."""
+    shards = shard_source(directory)
+    if shards is not None:
+        if ptuning_checkpoint is not None:
+            raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
+                               f"(glm-merge the shards first)")
+        return shards.config
     config = read_config(directory)
+    if ptuning_checkpoint is not None:
+        config = _checked_directory(directory, config)
+        config, _ = read_ptuning_checkpoint(ptuning_checkpoint, config, pre_seq_len, tensors=False)
+        return config
+    return _checked_directory(directory, config)
+
+
+def _checked_directory(directory, config: GLM4Config) -> GLM4Config:
+    """``config`` once the directory's weight names are exactly its model's (one line for the first missing or
+    left over)."""
     names = {name for name, _ in weight_plan(directory, config)}
     expected = _expected(config)
     missing = sorted(set(expected) - names)
@@ -106,13 +147,20 @@ def check_directory(directory) -> GLM4Config:
     return config
 
 
-def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None):
-    """``GLM4ForCausalLM`` from a GLM-4 directory (either layout), tensor by tensor to ``dtype`` (default: fp32 on
-    CPU, bf16 on an accelerator) on ``device``, eval mode; ``quantize`` ("int8"/"int4"): the linears quantized
-    after loading (``Family.quantize``; the output layer kept in float)."""
+def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_size=None, quantized: bool = False,
+                    ptuning_checkpoint=None, pre_seq_len: int | None = None):
+    """``GLM4ForCausalLM`` from a GLM-4 directory (either layout, or tensor-parallel shards), tensor by tensor to
+    ``dtype`` (default: fp32 on CPU, bf16 on an accelerator) on ``device``, eval mode; ``quantize``
+    ("int8"/"int4"): the linears quantized after loading (``Family.quantize``; the output layer kept in float).
+    ``quantized``: the weights binding's flag for a layout stored quantized, which GLM-4 has none of (its
+    directories hold float weights): accepted and changes nothing. ``ptuning_checkpoint``: a P-Tuning v2
+    checkpoint (glm-finetune ``--pre_seq_len``'s output, THUDM's layout) whose prefix is put on the model
+    (``chatglm2.model.attach_prefix``, fp32, as THUDM's code keeps it); ``pre_seq_len``, when given, its length."""
     from glm_port.models.glm4.model import GLM4ForCausalLM
 
     dtype = dtype or default_dtype(device)
+    if ptuning_checkpoint is not None:
+        check_directory(directory, ptuning_checkpoint, pre_seq_len)  # the prefix's fit, before a tensor is read
     config = check_directory(directory)
     expected = _expected(config)
     with torch.device("meta"):
@@ -126,6 +174,13 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
         state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device=device).eval()
+    if ptuning_checkpoint is not None:
+        from glm_port.models.chatglm2.model import attach_prefix
+
+        prefixed, prefix = read_ptuning_checkpoint(ptuning_checkpoint, model.config, pre_seq_len)
+        attach_prefix(model, prefixed.pre_seq_len, prefixed.prefix_projection, prefixed.prefix_hidden_size,
+                      {k: v.float() for k, v in prefix.items()})
+        model.eval()
     if quantize is not None:
         from glm_port.models import FAMILIES
 
@@ -178,4 +233,4 @@ def _from_tokenizer_json(directory: Path):
 
 
 __all__ = ["PlannedWeights", "WeightsError", "check_directory", "load_pretrained", "load_tokenizer", "open_weights",
-           "read_config", "weight_plan"]
+           "read_config", "shard_source", "weight_plan"]

@@ -387,25 +387,6 @@ def test_glm_serve_loads_a_glm4_directory_and_chats_as_generate_does(dirs):
     assert content and events[-1].content == content
 
 
-def test_the_commands_glm4_has_no_binding_for_refuse_it_in_one_line(dirs, tmp_path, capsys):
-    """glm-export reads the family's declaration; glm-merge refuses a family it has no rule for (it read a GLM-4
-    directory as GLM's and failed on its tokenizer with a traceback). glm-finetune has a binding now
-    (tests/glm_port/glm4/test_finetune.py)."""
-    from glm_port.convert import export, merge
-
-    assert FAMILIES["glm4"].supports == {"tensor_parallel", "static_cache", "quantize", "lora", "recompute"}
-    for command, argv in ((merge.main, [dirs["thudm"], str(tmp_path / "m")]),
-                          (export.main, ["--model_name_or_path", dirs["thudm"], "--output_path", str(tmp_path / "e")])):
-        with pytest.raises(SystemExit) as stop:
-            command(argv)
-        assert stop.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"glm-merge: error: SRC {dirs['thudm']}: glm-merge does not merge the glm4 family",
-                   f"glm-export: error: --model_name_or_path {dirs['thudm']}: the glm4 family does not support "
-                   f"glm-export"], err
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_a_directory_with_only_a_tokenizer_json_loads_with_the_same_ids(tmp_path, model, tokenizer, generate_calls):
     """glm-4-9b-chat-hf carries a ``tokenizer.json`` (transformers' TikTokenConverter on the rank file) and no
     ``tokenizer.model``: its ranks are read back from it, the chat template from the directory."""

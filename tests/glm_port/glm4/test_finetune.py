@@ -104,6 +104,31 @@ def test_a_conversation_counts_every_assistant_turn_and_no_other(tiny):
     assert sample.target[sample.sep - 1:].tolist()[:len(reply)] == reply
 
 
+def test_glm4s_conversations_and_chatglm3s_are_built_by_one_function(tiny):
+    """Duplicates D8: GLM-4's samples and prompts are ChatGLM3's builder (``chatglm2.finetune.role_conversation``,
+    ``role_prompt``) with GLM-4's prefix, messages and closing token, not a copy of it."""
+    from glm_port.models.chatglm2.finetune import role_conversation, role_prompt
+    from glm_port.models.glm4.finetune import message_ids, prompt_ids
+
+    _, tok = tiny
+    messages = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "cat the"},
+                {"role": "user", "content": "a day"}, {"role": "assistant", "content": "day a"}]
+    prefix = [tok.get_command("[gMASK]"), tok.get_command("<sop>")]
+
+    def encode_message(message):
+        return message_ids(tok, message)
+
+    assert conversation_example(tok, messages, 64, 8) == role_conversation(
+        messages, prefix, encode_message, tok.get_command("<|user|>"), 64, 8)
+    assert prompt_ids(tok, messages[:3], 64) == role_prompt(messages[:3], prefix, encode_message,
+                                                            tok.get_command("<|assistant|>"), 64)
+    # the shared builder: any prefix, the tokens after an assistant's counted, the end closing it
+    turns = [{"role": "user"}, {"role": "assistant"}]
+    built = role_conversation(turns, [1, 2, 3], lambda m: [10, 11] if m["role"] == "user" else [20, 21], 99, 4, 4)
+    assert built == {"input_ids": [1, 2, 3, 10, 11, 20, 21, 99], "labels": [IGNORE_INDEX] * 6 + [21, 99]}
+    assert role_prompt(turns[:1], [1, 2], lambda m: [10, 11, 12], 50, 4) == [1, 2, 10, 11, 50]
+
+
 def _losses(out: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in LOSS.finditer(out)}
 
@@ -197,25 +222,82 @@ def test_the_embedded_glm4_tiny_finetunes(data, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--pre_seq_len", "4"], "--pre_seq_len 4: the glm4 family does not support P-Tuning v2 prefixes (THUDM's "
-                             "pre_seq_len)"),
+    (["--pre_seq_len", "4", "--tensor_parallel_degree", "2"],
+     "--pre_seq_len 4 with --tensor_parallel_degree 2: a P-Tuning prefix is not split by tensor parallelism"),
+    (["--pre_seq_len", "4", "--lora"], "--pre_seq_len 4 with --lora: P-Tuning and LoRA exclude each other"),
 ])
 def test_what_glm4_does_not_finetune_is_refused_in_one_line(base, tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
         finetune_main(["--model_name_or_path", base, "--do_train", "--train_file", "x.json",
                        "--output_dir", str(tmp_path / "out"), *flags])
     assert stop.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"glm-finetune: error: {message}"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"glm-finetune: error: {message}"), err
     assert not (tmp_path / "out").exists()
 
 
-def test_tensor_parallel_finetuning_is_refused_by_the_binding_in_one_line(base, monkeypatch):
-    """GLM-4 declares tensor_parallel for glm-generate; glm-finetune's binding does not split it (yet)."""
-    import glm_port.distributed
+def _torchrun_finetune(argv, ranks: int = 2):
+    """glm-finetune under torchrun (gloo, a clean interpreter a rank), as a user launches it; its stdout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    monkeypatch.setattr(glm_port.distributed, "tensor_parallel_size", lambda: 2)
-    with pytest.raises(ValueError, match=r"^--tensor_parallel_degree: glm-finetune does not split a GLM-4 model"):
-        load(base, "cpu")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), "-m",
+         "glm_port.finetune", *argv], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_tensor_parallel_2_finetunes_glm4_as_one_process_and_its_shards_merge(base, data, tmp_path, capsys):
+    """--tensor_parallel_degree 2 on a GLM-4 directory (it used to be refused by the binding): each rank reads its
+    slices (ChatGLM2's split plan on GLM-4's 2 key/value groups), the losses are one process's (1e-4), the shards
+    saved are GLM-4's (``family_at``), load as they are and, merged by --merge_tensor_parallel_path, give the logits
+    of the model one process saved."""
+    argv = ["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--do_eval", "false",
+            "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "1e-2", "--per_device_train_batch_size",
+            "8", "--src_length", "24", "--tgt_length", "16"]
+    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp"),
+                              "--merge_tensor_parallel_path", str(tmp_path / "merged")])
+    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
+    parallel, single = _losses(log), _losses(capsys.readouterr().out)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    assert single[4] < single[1]  # it trained
+    assert sorted(p.name for p in (tmp_path / "tp" / "final" / "4").iterdir()) == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    generation = FAMILIES["glm4"].binding("generation")
+    ids = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7], [88, 300, 2, 64, 5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = generation.load(tmp_path / "one" / "final")[0](ids).logits
+        for directory in (tmp_path / "merged", tmp_path / "tp" / "final"):
+            assert family_at(directory).name == "glm4", directory
+            torch.testing.assert_close(generation.load(directory)[0](ids).logits, expected, rtol=1e-4, atol=1e-4,
+                                       msg=str(directory))
+
+
+def test_tensor_parallel_2_lora_on_glm4_trains_as_one_process_and_saves_the_whole_adapter(base, data, tmp_path,
+                                                                                           capsys):
+    """LoRA on GLM-4's split query_key_value ([Q heads | K groups | V groups]), dense_h_to_4h ([gate | up]) and
+    dense_4h_to_h at tensor parallel 2: one process's losses (1e-4), and the adapter saved is one process's, whole."""
+    from safetensors.torch import load_file
+
+    argv = ["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--do_eval", "false",
+            "--max_steps", "4", "--logging_steps", "1", "--per_device_train_batch_size", "8", "--src_length", "24",
+            "--tgt_length", "16", "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
+    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")])
+    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
+    parallel, single = _losses(log), _losses(capsys.readouterr().out)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    tp, one = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
+    assert tp.keys() == one.keys() and any("dense_h_to_4h" in key for key in one)
+    for key, value in one.items():
+        torch.testing.assert_close(tp[key], value, rtol=1e-3, atol=1e-5, msg=key)
 
 
 def test_history_column_and_tool_conversations_are_the_prompt_glm_4s_chat_builds(tiny, tmp_path):
