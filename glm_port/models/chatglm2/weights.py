@@ -31,15 +31,13 @@ from pathlib import Path
 
 import torch
 
-from glm_port.checkpoint_io import load_file
 from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
+from glm_port.models.chatglm2.adapter import ADAPTER, IGNORED_KEYS  # noqa: F401  (THUDM's names)
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from glm_port.models.chatglm2.splits import split_plan
+from glm_port.models.weights_io import Tensors, TensorFile, find_layout
 
 MODEL_TYPES = ("chatglm",)
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
-IGNORED_KEYS = ("rotary_pos_emb.inv_freq",)  # THUDM's files carry this constant buffer
 PREFIX_KEYS = "transformer.prefix_encoder."  # a P-Tuning v2 prefix's weights (THUDM saves these alone)
 _PROJECTION_KEYS = ("trans.0.weight", "trans.0.bias", "trans.2.weight", "trans.2.bias")
 
@@ -76,70 +74,21 @@ def read_config(directory, expected=MODEL_TYPES, quantized: bool = False, prefix
     return config
 
 
-def weight_map(directory) -> dict[str, str]:
-    """``{tensor name: file name}`` from the index (every listed shard checked present) or the single file."""
-    directory = Path(directory)
-    for index_name in INDEX_FILES:
-        index = directory / index_name
-        if index.is_file():
-            try:
-                mapping = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, KeyError):
-                raise WeightsError(f"{index}: not a weight index (no 'weight_map')") from None
-            for shard in sorted(set(mapping.values())):
-                if not (directory / shard).is_file():
-                    raise WeightsError(f"{directory / shard}: shard listed in {index_name} is missing")
-                if shard.endswith(".safetensors"):  # its header against its size: a truncated file named here
-                    _safe_open(directory / shard)
-            return mapping
-    for name in SINGLE_FILES:
-        if (directory / name).is_file():
-            return {key: name for key in _file_keys(directory / name)}
-    raise WeightsError(f"{directory}: no weights ({', '.join(INDEX_FILES + SINGLE_FILES)})")
-
-
-def _safe_open(path: Path):
-    from glm_port.checkpoint_io import open_safetensors
-
-    return open_safetensors(path, WeightsError)
-
-
-def _file_keys(path: Path) -> list[str]:
-    if path.suffix == ".safetensors":
-        return list(_safe_open(path).keys())
-    return list(torch.load(path, map_location="meta", weights_only=True, mmap=True))
-
-
-class TensorSource:
-    """Tensors of a (sharded) checkpoint by name, each read when asked (files opened once, lazily)."""
+class TensorSource(Tensors):
+    """The tensors of a directory of THUDM's layout (one file or shards with an index) by their stored names, each
+    read when asked: the shared reader (``weights_io.Tensors``; every shard checked present and readable first)."""
 
     def __init__(self, directory):
-        self.directory = Path(directory)
-        self.map = weight_map(directory)
-        self._open: dict[str, object] = {}
+        layout = find_layout(directory)
+        if layout.kind == "ranks":
+            raise WeightsError(f"{directory}: tensor-parallel rank files (mp_rank_XX), not THUDM's layout: "
+                               f"glm-merge them first")
+        if layout.kind == "dcp":
+            raise WeightsError(f"{directory}: a sharded run's checkpoint, not THUDM's layout: take the run's final/")
+        super().__init__(layout)
 
-    def keys(self):
-        return self.map.keys()
 
-    def __contains__(self, key):
-        return key in self.map
-
-    def __getitem__(self, key) -> torch.Tensor:
-        if key not in self.map:
-            raise WeightsError(f"{self.directory}: weight {key} missing from the checkpoint")
-        name = self.map[key]
-        handle = self._open.get(name)
-        if handle is None:
-            path = self.directory / name
-            if path.suffix == ".safetensors":
-                handle = _safe_open(path)
-            else:
-                handle = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            self._open[name] = handle
-        return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
-
-    def files_in_order(self) -> list[str]:
-        return sorted(set(self.map.values()))
+open_hf = TensorSource
 
 
 def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
@@ -157,14 +106,14 @@ def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
     raw = read_config_json(directory)
     if raw.get("pre_seq_len") and raw.get("model_type") in MODEL_TYPES:  # a P-Tuning checkpoint given as a model?
         try:
-            weights = set(weight_map(directory))
+            weights = set(open_hf(directory).keys())
         except WeightsError:
             weights = set()
         if weights and all(key.startswith(PREFIX_KEYS) for key in weights):
             raise WeightsError(f"{directory}: a P-Tuning checkpoint (transformer.prefix_encoder.* weights only), not "
                                f"a model: give it as --ptuning_checkpoint beside the base model")
     config = read_config(directory, quantized=quantized, prefix=ptuning_checkpoint is not None)
-    present = set(weight_map(directory))
+    present = set(open_hf(directory).keys())
     if ptuning_checkpoint is not None:
         config, _ = read_ptuning_checkpoint(ptuning_checkpoint, config, pre_seq_len, tensors=False)
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
@@ -223,23 +172,10 @@ def read_ptuning_checkpoint(directory, config: ChatGLM2Config, pre_seq_len: int 
     if path is None:
         raise WeightsError(f"{directory / 'pytorch_model.bin'}: missing (a P-Tuning checkpoint holds its prefix "
                            f"encoder there, or in model.safetensors)")
-    try:
-        if path.suffix == ".safetensors":
-            handle = _safe_open(path)
-            found = {k: (handle.get_tensor(k) if tensors else handle.get_slice(k)) for k in handle.keys()
-                     if k.startswith(PREFIX_KEYS)}
-            shapes = {k: tuple(v.shape if tensors else v.get_shape()) for k, v in found.items()}
-        else:
-            loaded = load_file(path, weights_only=True, mmap=True)
-            if not isinstance(loaded, dict):
-                raise WeightsError(f"{path}: not a state dict")
-            found = {k: v for k, v in loaded.items() if isinstance(k, str) and k.startswith(PREFIX_KEYS)
-                     and isinstance(v, torch.Tensor)}
-            shapes = {k: tuple(v.shape) for k, v in found.items()}
-    except WeightsError:
-        raise
-    except Exception as error:  # a truncated or foreign file
-        raise WeightsError(f"{path}: not a readable checkpoint ({type(error).__name__})") from None
+    file = TensorFile(path, module=False)  # the shared reader: a truncated or foreign file is one line naming it
+    names = [k for k in file.keys() if isinstance(k, str) and k.startswith(PREFIX_KEYS)]
+    found = {k: file.get(k) if tensors else None for k in names}
+    shapes = {k: tuple(file.shape(k)) for k in names}
     state = {k[len(PREFIX_KEYS):]: v for k, v in found.items()}
     shapes = {k[len(PREFIX_KEYS):]: v for k, v in shapes.items()}
     if "embedding.weight" not in shapes:
@@ -536,8 +472,8 @@ class ShardSource:
         from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
         self.directory, self.files = Path(directory), files
-        checkpoints = [self._read(f) for f in files]
-        raw = checkpoints[0].get("glm_config")
+        ranks = [TensorFile(f, ADAPTER.to_model, module=True) for f in files]  # the shared reader, THUDM's names
+        raw = ranks[0].config()
         if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
             found = raw.get("model_type") if isinstance(raw, dict) else None
             raise WeightsError(f"{files[0]}: not a ChatGLM2 checkpoint (its saved config's model_type is "
@@ -547,7 +483,7 @@ class ShardSource:
             self.config.check_supported()
         except ValueError as error:
             raise WeightsError(f"{files[0]}: {error}") from None
-        self.modules = [{k: v for k, v in c["module"].items() if k not in IGNORED_KEYS} for c in checkpoints]
+        self.modules = [{k: rank.get(k) for k in rank.keys()} for rank in ranks]
         with torch.device("meta"):
             expected = {k: v.shape for k, v in ChatGLM2ForCausalLM(self.config).state_dict().items()}
         size = len(files)
@@ -572,17 +508,6 @@ class ShardSource:
                                        f"missing, or one from another model or degree?)")
         self._names = list(expected)
 
-    @staticmethod
-    def _read(path: Path) -> dict:
-        try:
-            checkpoint = load_file(path, weights_only=True, mmap=True)
-        except Exception as error:  # torch raises many kinds for a damaged file
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None
-        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("module"), dict):
-            raise WeightsError(f"{path}: holds no model weights ('module' missing)")
-        return checkpoint
-
     @property
     def size(self) -> int:
         return len(self.files)
@@ -605,21 +530,18 @@ class ShardSource:
 def tensor_parallel_checkpoint(directory) -> ShardSource | None:
     """``ShardSource`` over the tensor-parallel checkpoint at ``directory`` (a directory with a checkpoint
     tracker, an iteration directory, or one ``mp_rank_XX`` file); None when it holds THUDM's layout (or none)."""
-    from glm_port.checkpoint_io import CheckpointError, rank_files, shard_directory
+    from glm_port.checkpoint_io import shard_directory
 
     path = Path(directory)
-    if path.is_dir() and any((path / name).is_file() for name in INDEX_FILES + SINGLE_FILES):
+    if shard_directory(path) is None:
         return None
-    shards = shard_directory(path)
-    if shards is None:
+    layout = find_layout(path)  # the shared reader: THUDM's files first, then the ranks' (every one named)
+    if layout.kind == "hf":
         return None
-    if not shards.is_dir():
-        raise WeightsError(f"{path}: its checkpoint tracker points at {shards}, which does not exist")
-    try:
-        files = rank_files(shards)
-    except CheckpointError as error:
-        raise WeightsError(str(error)) from None
-    return ShardSource(path, files)
+    if layout.kind == "dcp":
+        raise WeightsError(f"{layout.directory}: a sharded run's checkpoint, not read as a ChatGLM2 model: take the "
+                           f"run's final/ (mp_rank_XX shards)")
+    return ShardSource(path, layout.files)
 
 
 def open_weights(directory):
