@@ -4,12 +4,13 @@ A directory holds ``config.json`` (``model_type`` "chatglm") and the weights as 
 ``pytorch_model-0000N-of-0000M.bin`` + ``pytorch_model.bin.index.json`` (THUDM's), or
 ``model-0000N-of-0000M.safetensors`` + ``model.safetensors.index.json``, or a single
 ``pytorch_model.bin`` / ``model.safetensors``. The family and every shard are checked before anything
-is read; ``load_pretrained`` then lets transformers' ``from_pretrained`` read shard by shard, straight
-to the asked dtype and device, and turns a key missing from the shards into an error (transformers
-would initialise it at random and only warn).
+is read; ``load_pretrained`` then reads tensor by tensor into a model built on the meta device, straight
+to the asked dtype and device, and turns a key missing from the shards into an error.
 
-``TensorSource`` reads single tensors across shards lazily (safetensors' ``safe_open``; ``.bin`` shards
-memory-mapped), for conversions that must not hold a whole 6B model twice.
+Files are read by the shared reader (``glm_port.models.weights_io``): ``TensorSource`` is its ``Tensors`` over
+THUDM's layout (single tensors across shards, read lazily: safetensors' ``safe_open``, ``.bin`` shards
+memory-mapped), for conversions that must not hold a whole 6B model twice; the names are ChatGLM2's adapter's
+(``adapter.ADAPTER``: THUDM's names are the model's, its constant rotary buffer dropped).
 
 Tensor parallel: ``tensor_parallel_slice`` cuts a THUDM tensor into a rank's part, ``tensor_parallel_merge``
 puts the parts back (its exact inverse), both by ChatGLM2's split plan (``splits.split_plan``, the table the
@@ -318,19 +319,30 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
     return model
 
 
-def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=None, pre_seq_len=None):
+def _read_model(config, source, dtype, device, where):
+    """``ChatGLM2ForCausalLM(config)`` built on the meta device and filled from ``source`` (tensors by the model's
+    names: ``TensorSource``, ``ShardSource``) tensor by tensor, each cast to ``dtype`` and moved to ``device`` as
+    it is read; a weight missing or of another shape is one line naming it."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
+    with torch.device("meta"):
+        model = ChatGLM2ForCausalLM(config)
+    state = {}
+    for name, want in model.state_dict().items():
+        if name not in source:
+            raise WeightsError(f"{where}: weight {name} missing from the checkpoint")
+        tensor = source[name]
+        if list(tensor.shape) != list(want.shape):
+            raise WeightsError(f"{where}: {name} is {list(tensor.shape)}, the config gives {list(want.shape)}")
+        state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device=device).eval()
+
+
+def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=None, pre_seq_len=None):
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None and ptuning_checkpoint is None:  # merged tensor by tensor into a model built on meta
-        with torch.device("meta"):
-            model = ChatGLM2ForCausalLM(shards.config)
-        state = {}
-        for name in shards.keys():
-            tensor = shards[name]
-            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
-        model.load_state_dict(state, strict=True, assign=True)
-        model = model.to(device=device).eval()
+        model = _read_model(shards.config, shards, dtype, device, directory)
         if shards.config.quantization_bit:
             _quantize_thudm(model, shards.config, None, dtype, device)
         return model
@@ -347,23 +359,19 @@ def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=Non
 
 
 def _load_base(directory, config, dtype, device, drop_prefix: bool):
-    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
-
     if drop_prefix:  # the model the base directory holds, without the prefix that goes on it afterwards
         import copy
 
         config = copy.deepcopy(config)
         config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size = None, False, None
-    if config.quantization_bit:
-        source = TensorSource(directory)
-        if any(key.endswith(".weight_scale") for key in source.keys()):
-            return _load_thudm_quantized(directory, config, dtype, device)
-    model, info = ChatGLM2ForCausalLM.from_pretrained(
-        directory, config=config, dtype=dtype, device_map=str(torch.device(device)), output_loading_info=True
-    )
-    missing = sorted(info.get("missing_keys", ()))
-    if missing:
-        raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint")
+    source = TensorSource(directory)
+    if config.quantization_bit and any(key.endswith(".weight_scale") for key in source.keys()):
+        return _load_thudm_quantized(directory, config, dtype, device)
+    model = _read_model(config, source, dtype, device, directory)
+    if (Path(directory) / "generation_config.json").is_file():  # as transformers' from_pretrained takes it
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(directory)
     if config.quantization_bit:  # a full-precision directory: quantized at load, as THUDM's code does
         _quantize_thudm(model, config, None, dtype, device)
     return model

@@ -19,7 +19,9 @@ else is replicated. A checkpoint saved at model-parallel size ``s`` is
 merged and re-split to the run's tensor-parallel size ``t``; each rank reads only the files holding its
 slice (``s / t`` files when merging, one when splitting).
 
-Loading is shard by shard: the model is built on the meta device, each tensor is read (safetensors
+Files are found and read by the shared reader (``glm_port.models.weights_io``: ``find_layout``,
+``iter_rank_tensors``), under upstream's names (GLM's adapter, ``adapter.ADAPTER``). Loading is shard by shard:
+the model is built on the meta device, each tensor is read (safetensors
 memory-mapped, ``.pt``/``.bin`` through ``torch.load(mmap=True)``), converted to the target dtype and
 device and assigned, so host memory stays near one copy of the weights. Any mismatch (a missing or
 unexpected key, a shape, a missing shard file) is one ``WeightsError`` naming it.
@@ -44,8 +46,8 @@ from glm_port.models import WeightsError  # noqa: F401  (the one class of every 
 from glm_port.models.glm.adapter import ADAPTER
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 from glm_port.models.glm.splits import SPLIT_PLAN
-from glm_port.models.weights_io import (HF_FILES as HF_WEIGHT_FILES, Layout, TensorFile, find_layout,  # noqa: F401
-                                        iter_rank_tensors, load_checkpoint_file, read_json)
+from glm_port.models.weights_io import HF_FILES as HF_WEIGHT_FILES  # noqa: F401  (the names it looks for)
+from glm_port.models.weights_io import Layout, TensorFile, find_layout, iter_rank_tensors, read_json
 from shim.nn.split_plan import merge_ranks, slice_for_rank
 
 
