@@ -32,8 +32,8 @@ from typing import Callable, Iterator
 
 import shim as torch
 
-from glm_port.checkpoint_io import (RANK_FILE, SHARDED_STATE, TRACKERS, CheckpointError, is_sharded_checkpoint,
-                                    load_file, open_safetensors, rank_files, read_sharded_weights, saved_config)
+from glm_port.checkpoint_io import (RANK_FILE, SHARDED_STATE, CheckpointError, is_sharded_checkpoint, load_file,
+                                    open_safetensors, rank_files, read_sharded_weights, saved_config, shard_directory)
 from glm_port.models import WeightsError
 
 # transformers' weight files, in the order a directory's are taken (safetensors first, as transformers does)
@@ -100,15 +100,11 @@ def find_layout(path, what: str = "") -> Layout:
                 return _indexed(path, candidate)
             _check_readable(candidate)
             return Layout("hf", path, [candidate], config_file=_present(path / "config.json"))
-    for tracker in TRACKERS:
-        if (path / tracker).is_file():
-            step = (path / tracker).read_text().strip()
-            target = path / step
-            if not target.is_dir():
-                raise WeightsError(f"{path}: its checkpoint tracker points at {target}, which does not exist")
-            return _ranks(target, path)
-    if is_sharded_checkpoint(path) or any(RANK_FILE.search(p.name) for p in path.iterdir()):
-        return _ranks(path, path)
+    target = shard_directory(path) or (path if is_sharded_checkpoint(path) else None)  # a tracker's, or here
+    if target is not None:
+        if not target.is_dir():
+            raise WeightsError(f"{path}: its checkpoint tracker points at {target}, which does not exist")
+        return _ranks(target, path)
     kind = f" {what}" if what else ""
     raise WeightsError(f"{path} holds no{kind} weights (looked for {', '.join(HF_FILES)}, "
                        f"mp_rank_XX_model_states.pt, or a checkpoint tracker)")
