@@ -427,7 +427,8 @@ def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config,
     try:
         return split_plan(config, size).slice(name, full, rank, size)
     except ValueError as error:
-        raise WeightsError(f"{name} {list(full.shape)} does not split over tensor-parallel size {size} "
+        shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())  # a lazy slice's
+        raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size} "
                            f"({error})") from None
 
 
@@ -558,23 +559,26 @@ def open_weights(directory):
     return tensor_parallel_checkpoint(directory) or TensorSource(directory)
 
 
-def load_tensor_parallel(model, state: dict) -> None:
+def load_tensor_parallel(model, state) -> None:
     """Copy a whole (THUDM-named) state dict into a model built under a tensor-parallel layout: each rank
-    writes its own slices (``tensor_parallel_slice``) into its shards."""
+    writes its own slices (``tensor_parallel_slice``) into its shards. From the shared reader's ``Tensors``
+    (``TensorSource``), a rank reads only its slice of a split safetensors weight (``Tensors.part``)."""
     import sys
 
     dtensor = sys.modules.get("torch.distributed.tensor")
+    lazy = getattr(state, "part", None)  # a safetensors slice (read when indexed) or the tensor
     with torch.no_grad():
         for name, param in model.named_parameters():
             key = name if name in state else name.removeprefix("transformer.")
             if key not in state:
                 raise WeightsError(f"weight {name} missing from the state dict")
-            full = state[key]
             if dtensor is not None and isinstance(param, dtensor.DTensor):
                 local = param.to_local()
                 mesh = param.device_mesh
-                part = full if local.shape == full.shape else tensor_parallel_slice(
+                full = lazy(key) if lazy is not None else state[key]
+                shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())
+                part = full if list(local.shape) == shape else tensor_parallel_slice(
                     name, full, model.config, mesh.get_local_rank(), mesh.size())
-                local.copy_(part)
+                local.copy_(part if isinstance(part, torch.Tensor) else part[:])
             else:
-                param.copy_(full)
+                param.copy_(state[key])

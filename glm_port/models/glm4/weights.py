@@ -48,9 +48,10 @@ def read_config(directory) -> GLM4Config:
     return config
 
 
-def weight_plan(directory, config: GLM4Config) -> list[tuple[str, object]]:
-    """``[(our tensor name, function reading it)]`` for the directory's layout."""
-    source = open_hf(directory)
+def weight_plan(directory, config: GLM4Config, source=None) -> list[tuple[str, object]]:
+    """``[(our tensor name, function reading it)]`` for the directory's layout (``source``: its tensors already
+    opened, ``chatglm2.weights.open_hf``)."""
+    source = source if source is not None else open_hf(directory)
     if is_transformers_glm(read_config_json(directory)):
         return from_glm_plan(config, source)
     return [(model, lambda name=name: source[name]) for name in source.keys()
@@ -58,10 +59,16 @@ def weight_plan(directory, config: GLM4Config) -> list[tuple[str, object]]:
 
 
 class PlannedWeights:
-    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked (``weight_plan``)."""
+    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked (``weight_plan``); ``part(name)``
+    (what ``chatglm2.weights.load_tensor_parallel`` cuts a rank's slice from): a lazy safetensors slice where the
+    stored tensor is the model's (``source``, THUDM's layout), else the tensor."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, source=None):
         self.plan = dict(plan)
+        self.source = source
+
+    def part(self, name):
+        return self.source.part(name) if self.source is not None else self.plan[name]()
 
     def __contains__(self, name) -> bool:
         return name in self.plan
@@ -80,7 +87,9 @@ def open_weights(directory, config: GLM4Config | None = None) -> PlannedWeights:
     """The directory's tensors by THUDM's names (either layout), each read lazily when asked (the weights binding's
     ``open_weights``; ``generation.load_split`` copies each rank's slices from it); ``config``: its config already
     read."""
-    return PlannedWeights(weight_plan(directory, config or read_config(directory)))
+    config, source = config or read_config(directory), open_hf(directory)
+    stored_as_ours = not is_transformers_glm(read_config_json(directory))
+    return PlannedWeights(weight_plan(directory, config, source), source if stored_as_ours else None)
 
 
 def _expected(config: GLM4Config) -> dict[str, torch.Size]:
