@@ -182,3 +182,29 @@ def test_a_rank_file_without_weights_is_named(tmp_path):
     with pytest.raises(WeightsError) as error:
         TensorFile(tmp_path / "ckpt" / "mp_rank_00_model_states.pt")
     assert one_line(error) == f"{tmp_path / 'ckpt' / 'mp_rank_00_model_states.pt'}: holds no model weights ('module' missing)"
+
+
+def test_each_familys_adapter_maps_its_names_both_ways():
+    """GLM: upstream's names (either spelling in a file) <-> the model's ``glm.`` names; ChatGLM2 (GLM-4 too):
+    THUDM's names are the model's, the constant rotary buffer dropped; transformers' ``glm`` layout there and
+    back gives every tensor again."""
+    from glm_port.models.chatglm2.adapter import ADAPTER as CHATGLM2
+    from glm_port.models.chatglm2.adapter import from_glm_plan, to_glm_plan
+    from glm_port.models.chatglm2.tiny import build_tiny
+    from glm_port.models.glm.adapter import ADAPTER as GLM
+    from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+
+    with torch.device("meta"):
+        glm = GLMForConditionalGeneration(GLMPretrainedConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                                              vocab_size=256, max_sequence_length=32))
+    for name in glm.state_dict():
+        stored = GLM.to_checkpoint(name)
+        assert not stored.startswith("glm.") and GLM.to_model(stored) == name == GLM.to_model("glm." + stored)
+    model, _ = build_tiny()
+    state = dict(model.state_dict())
+    assert all(CHATGLM2.to_model(CHATGLM2.to_checkpoint(n)) == n for n in state)
+    assert CHATGLM2.to_model("transformer.rotary_pos_emb.inv_freq") is None
+    there = {n: read() for n, read in to_glm_plan(model.config, state)}
+    assert "model.layers.0.self_attn.k_proj.weight" in there and not any("query_key_value" in n for n in there)
+    back = {n: read() for n, read in from_glm_plan(model.config, there)}
+    assert back.keys() == state.keys() and all(torch.equal(back[n], state[n]) for n in state)
