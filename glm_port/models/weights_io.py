@@ -177,9 +177,9 @@ def load_checkpoint_file(path: Path):
 class TensorFile:
     """The tensors of one weight file (or a ``dcp`` directory) by name, renamed by ``rename`` (a family adapter's
     ``to_model``, or any name map; None drops a name). Safetensors are read lazily and sliceably; a ``.pt``/``.bin``
-    is mapped, its weights the dict itself or its ``'module'`` (``module=True``: required, as in a rank's file)."""
+    is mapped, its weights its ``'module'`` (a rank's file: upstream's and the project's saves) or the dict itself."""
 
-    def __init__(self, path, rename: Callable[[str], str | None] | None = None, module: bool | None = None):
+    def __init__(self, path, rename: Callable[[str], str | None] | None = None):
         self.path = path = Path(path)
         self._handle, self._tensors, self._checkpoint = None, None, None
         if path.is_dir():  # a sharded run's DCP checkpoint: read whole
@@ -194,10 +194,7 @@ class TensorFile:
         else:
             checkpoint = load_checkpoint_file(path)
             self._checkpoint = checkpoint if isinstance(checkpoint, dict) else None
-            if module is None:
-                module = RANK_FILE.search(path.name) is not None
-            weights = checkpoint.get("module", None if module else checkpoint) if isinstance(checkpoint, dict) \
-                else None
+            weights = checkpoint.get("module", checkpoint) if isinstance(checkpoint, dict) else None
             if not isinstance(weights, dict) or not any(isinstance(v, torch.Tensor) for v in weights.values()):
                 raise WeightsError(f"{path}: holds no model weights ('module' missing)")
             raw = self._tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
@@ -272,7 +269,7 @@ class Tensors:
 
     def _file(self, path: Path) -> TensorFile:
         if path not in self._open:
-            self._open[path] = TensorFile(path, self.rename, module=False)
+            self._open[path] = TensorFile(path, self.rename)
         return self._open[path]
 
     def keys(self):
@@ -289,8 +286,8 @@ class Tensors:
             raise WeightsError(f"{self.directory}: weight {name} missing from the checkpoint")
         file = self._file(self.map[name])
         if name not in file:
-            raise WeightsError(f"{file.path}: lacks {name}, which {self.layout.index.name if self.layout.index else 'its index'} "
-                               f"places there")
+            index = self.layout.index.name if self.layout.index else "its index"
+            raise WeightsError(f"{file.path}: lacks {name}, which {index} places there")
         return file
 
     def __getitem__(self, name: str) -> "torch.Tensor":
@@ -333,28 +330,28 @@ def iter_rank_tensors(layout: Layout, take: Take, merge: Merge, *, tp_size: int 
 
     if layout.kind != "ranks":
         for path in layout.files:
-            file = TensorFile(path, rename, module=False)
+            file = TensorFile(path, rename)
             for name in names(file):
                 yield name, take(name, file.part(name), tp_size, tp_rank)
             del file
         return
     s, t = layout.tp_size, tp_size
     if s == t:
-        file = TensorFile(layout.files[tp_rank], rename, module=True)
+        file = TensorFile(layout.files[tp_rank], rename)
         for name in names(file):
             yield name, file.get(name)
     elif s % t == 0:
         group = s // t
-        files = same_names([TensorFile(layout.files[tp_rank * group + i], rename, module=True) for i in range(group)])
+        files = same_names([TensorFile(layout.files[tp_rank * group + i], rename) for i in range(group)])
         for name in names(files[0]):
             yield name, merge(name, [f.get(name) for f in files], [f.path for f in files])
     elif t % s == 0:
         group = t // s
-        file = TensorFile(layout.files[tp_rank // group], rename, module=True)
+        file = TensorFile(layout.files[tp_rank // group], rename)
         for name in names(file):
             yield name, take(name, file.get(name), group, tp_rank % group)
     else:
-        files = same_names([TensorFile(f, rename, module=True) for f in layout.files])
+        files = same_names([TensorFile(f, rename) for f in layout.files])
         for name in names(files[0]):
             yield name, take(name, merge(name, [f.get(name) for f in files], [f.path for f in files]), t, tp_rank)
 

@@ -40,7 +40,8 @@ def write_ranks(directory, parts: list[dict], tracker: bool = False, **extra):
     target = directory / "7" if tracker else directory
     target.mkdir(parents=True)
     for rank, part in enumerate(parts):
-        torch.save({"module": part, "mp_world_size": len(parts), **extra}, target / f"mp_rank_{rank:02d}_model_states.pt")
+        torch.save({"module": part, "mp_world_size": len(parts), **extra},
+                   target / f"mp_rank_{rank:02d}_model_states.pt")
     if tracker:
         (directory / "latest_checkpointed_iteration.txt").write_text("7")
     return directory
@@ -181,7 +182,8 @@ def test_a_rank_file_without_weights_is_named(tmp_path):
     torch.save({"iteration": 3}, tmp_path / "ckpt" / "mp_rank_00_model_states.pt")
     with pytest.raises(WeightsError) as error:
         TensorFile(tmp_path / "ckpt" / "mp_rank_00_model_states.pt")
-    assert one_line(error) == f"{tmp_path / 'ckpt' / 'mp_rank_00_model_states.pt'}: holds no model weights ('module' missing)"
+    path = tmp_path / "ckpt" / "mp_rank_00_model_states.pt"
+    assert one_line(error) == f"{path}: holds no model weights ('module' missing)"
 
 
 def test_each_familys_adapter_maps_its_names_both_ways():

@@ -173,7 +173,7 @@ def read_ptuning_checkpoint(directory, config: ChatGLM2Config, pre_seq_len: int 
     if path is None:
         raise WeightsError(f"{directory / 'pytorch_model.bin'}: missing (a P-Tuning checkpoint holds its prefix "
                            f"encoder there, or in model.safetensors)")
-    file = TensorFile(path, module=False)  # the shared reader: a truncated or foreign file is one line naming it
+    file = TensorFile(path)  # the shared reader: a truncated or foreign file is one line naming it
     names = [k for k in file.keys() if isinstance(k, str) and k.startswith(PREFIX_KEYS)]
     found = {k: file.get(k) if tensors else None for k in names}
     shapes = {k: tuple(file.shape(k)) for k in names}
@@ -481,7 +481,7 @@ class ShardSource:
         from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
         self.directory, self.files = Path(directory), files
-        ranks = [TensorFile(f, ADAPTER.to_model, module=True) for f in files]  # the shared reader, THUDM's names
+        ranks = [TensorFile(f, ADAPTER.to_model) for f in files]  # the shared reader, THUDM's names
         raw = ranks[0].config()
         if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
             found = raw.get("model_type") if isinstance(raw, dict) else None
