@@ -3,7 +3,7 @@ native ``GlmForCausalLM`` layout (``model_type: glm``, glm-4-9b-chat-hf), with o
 
 Both are read tensor by tensor across shards by the shared reader (``weights_io``: safetensors or ``.bin``, one
 file or an index), each cast to the asked dtype as it is read, into a model built on the meta device; the names
-are ChatGLM2's adapters' (``chatglm2.adapter``): THUDM's layout is the model's names (its constant rotary buffer
+are GLM-4's adapters (``adapter``, ChatGLM2's): THUDM's layout is the model's names (its constant rotary buffer
 dropped), the transformers layout is mapped to them by ``from_glm_plan`` (``q|k|v_proj`` joined into
 ``query_key_value``; ``gate_up_proj`` is ``dense_h_to_4h`` as it is) and its config by
 ``chatglm2.convert.from_glm_config`` (``rope_theta`` = 10000 x ``rope_ratio``, ``partial_rotary_factor`` 0.5).
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from glm_port.models import WeightsError
-from glm_port.models.chatglm2.adapter import ADAPTER, from_glm_plan
+from glm_port.models.glm4.adapter import ADAPTER, from_glm_plan
 from glm_port.models.chatglm2.weights import default_dtype, open_hf, read_config_json
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
