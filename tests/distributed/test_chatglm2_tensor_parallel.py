@@ -132,6 +132,43 @@ def check_split_weights_load_in_the_dtype_asked():
     assert set(dtypes.values()) == {torch.bfloat16}, dtypes
 
 
+def check_each_rank_reads_only_its_slices_of_split_weights():
+    """From safetensors, glm-generate's loader reads a split weight as a slice of the file (the shared reader's
+    ``Tensors.part``), never whole: only replicated tensors (norms, embedding, output layer) are read whole."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    from glm_port.generation.parallel import ModelParallel
+    from glm_port.models.chatglm2 import generation
+    from glm_port.models.chatglm2.tiny import build_tiny
+    from glm_port.models.chatglm2.weights import save_sharded
+    from glm_port.models.weights_io import Tensors
+
+    whole, tok = build_tiny()
+    directory = tempfile.mkdtemp(prefix=f"chatglm2-tp-slices-{dist.get_rank()}-")
+    save_sharded(dict(whole.state_dict()), directory, shards=2, fmt="safetensors")
+    whole.config.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    read_whole, getitem = [], Tensors.__getitem__
+
+    def recording(self, name):
+        read_whole.append(name)
+        return getitem(self, name)
+
+    Tensors.__getitem__ = recording
+    sdist.setup_dist_util(tensor_parallel_size=2)
+    try:
+        generation.load(directory, dtype="fp32", device="cpu", tensor_parallel=ModelParallel(2, dist.get_rank()))
+    finally:
+        Tensors.__getitem__ = getitem
+        sdist.reset_dist_util()
+        shutil.rmtree(directory, ignore_errors=True)
+    split = ("query_key_value.weight", "self_attention.dense.weight", "dense_h_to_4h.weight", "dense_4h_to_h.weight")
+    assert read_whole and not [n for n in read_whole if n.endswith(split)], read_whole
+
+
 CHECKS = {name: check for name, check in globals().items() if name.startswith("check_")}
 
 

@@ -8,7 +8,7 @@ import torch
 import shim.distributed as sdist
 
 
-def _check_layout(layout):
+def _check_layout(layout, record=None):
     import shutil
     import tempfile
 
@@ -25,10 +25,16 @@ def _check_layout(layout):
             p.normal_(0, 0.3)
     directory = tempfile.mkdtemp(prefix=f"glm4-tp-{layout}-{dist.get_rank()}-")
     write_directory(whole, tok, directory, layout)
+    from glm_port.models.weights_io import Tensors
+
+    getitem = Tensors.__getitem__
+    if record is not None:  # the names read whole
+        Tensors.__getitem__ = lambda self, name: record.append(name) or getitem(self, name)
     sdist.setup_dist_util(tensor_parallel_size=2)
     try:
         split, _ = generation.load(directory, dtype="fp32", device="cpu", tensor_parallel=ModelParallel(2, dist.get_rank()))
     finally:
+        Tensors.__getitem__ = getitem
         sdist.reset_dist_util()
         shutil.rmtree(directory, ignore_errors=True)
     attn = split.transformer.encoder.layers[0].self_attention
@@ -41,6 +47,15 @@ def _check_layout(layout):
 
 def check_thudm_layout_loads_split():
     _check_layout("thudm")
+
+
+def check_thudm_layout_reads_only_each_ranks_slices():
+    """THUDM's layout stores the model's tensors: a rank reads a split weight as a slice of the file (the shared
+    reader's ``Tensors.part``), never whole; only replicated tensors are read whole."""
+    read = []
+    _check_layout("thudm", read)
+    split = ("query_key_value.weight", "self_attention.dense.weight", "dense_h_to_4h.weight", "dense_4h_to_h.weight")
+    assert read and not [n for n in read if n.endswith(split)], read
 
 
 def check_transformers_layout_loads_split():

@@ -146,7 +146,7 @@ def test_errors_name_the_problem(tmp_path, reference):
         weights.find_source(tmp_path / "absent")
     weights.save_hf(state, tmp_path / "sharded", CONFIG.to_dict(), shards=2)
     next((tmp_path / "sharded").glob("model-00002*")).unlink()
-    with pytest.raises(weights.WeightsError, match="model-00002-of-00002.safetensors, which is missing"):
+    with pytest.raises(weights.WeightsError, match="model-00002-of-00002.safetensors: shard listed in model.safetensors.index.json is missing"):
         GLMForConditionalGeneration.from_pretrained(tmp_path / "sharded")
     partial = {k: v for k, v in state.items() if "layers.1.mlp" not in k}
     weights.save_hf(partial, tmp_path / "partial", CONFIG.to_dict())

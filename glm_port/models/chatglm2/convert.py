@@ -39,22 +39,10 @@ from tqdm import tqdm
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from glm_port.outputs import check_apart, check_directory_output, discard, publish, save_safetensors, work_directory
+from glm_port.models.chatglm2.adapter import from_glm_plan, split_qkv, to_glm_plan  # noqa: F401  (re-exported)
 from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, WeightsError, read_config,
                                               read_config_json)
 
-_LAYER = re.compile(r"^transformer\.encoder\.layers\.(\d+)\.(.+)$")
-_PLAIN = {  # per-layer names that only change their prefix
-    "input_layernorm.weight": "input_layernorm.weight",
-    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
-    "self_attention.dense.weight": "self_attn.o_proj.weight",
-    "mlp.dense_h_to_4h.weight": "mlp.gate_up_proj.weight",
-    "mlp.dense_4h_to_h.weight": "mlp.down_proj.weight",
-}
-_TOP = {
-    "transformer.embedding.word_embeddings.weight": "model.embed_tokens.weight",
-    "transformer.encoder.final_layernorm.weight": "model.norm.weight",
-    "transformer.output_layer.weight": "lm_head.weight",
-}
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 TRANSFORMERS_MODEL_TYPES = ("glm",)  # transformers' native GlmForCausalLM, what from_transformers reads
 
@@ -115,71 +103,6 @@ def from_glm_config(raw: dict) -> ChatGLM2Config:
         rope_ratio=ratio, rope_ratio_scales=scales, initializer_range=raw.get("initializer_range", 0.02),
         eos_token_id=raw.get("eos_token_id", 2), pad_token_id=raw.get("pad_token_id", 0),
     )
-
-
-# ---------------------------------------------------------------- tensors
-def _split_qkv(config: ChatGLM2Config, qkv: torch.Tensor):
-    """Q, K, V rows of a fused ``query_key_value`` weight or bias."""
-    d, heads, groups = config.kv_channels, config.num_attention_heads, config.num_key_value_heads
-    if config.multi_query_attention:
-        return qkv.split([heads * d, groups * d, groups * d], dim=0)
-    per_head = qkv.unflatten(0, (heads, 3, d))  # THUDM's layout without multi-query: [q_h; k_h; v_h] per head
-    return tuple(per_head[:, i].flatten(0, 1) for i in range(3))
-
-
-def to_glm_plan(config: ChatGLM2Config, source: TensorSource):
-    """``[(transformers name, function giving the tensor)]`` in model order."""
-    plan = []
-    for name in source.keys():
-        if name in _TOP:
-            plan.append((_TOP[name], lambda name=name: source[name]))
-            continue
-        match = _LAYER.match(name)
-        if match is None:
-            if name.endswith("rotary_pos_emb.inv_freq"):
-                continue
-            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
-        layer, rest = match.groups()
-        prefix = f"model.layers.{layer}."
-        if rest in _PLAIN:
-            plan.append((prefix + _PLAIN[rest], lambda name=name: source[name]))
-        elif rest.startswith("self_attention.query_key_value."):
-            kind = rest.rsplit(".", 1)[1]
-            for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                plan.append((f"{prefix}self_attn.{proj}.{kind}",
-                             lambda name=name, i=i: _split_qkv(config, source[name])[i]))
-        else:
-            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
-    return plan
-
-
-def from_glm_plan(config: ChatGLM2Config, source: TensorSource):
-    inverse_top = {v: k for k, v in _TOP.items()}
-    inverse_plain = {v: k for k, v in _PLAIN.items()}
-    plan, layer_re = [], re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-    for name in source.keys():
-        if name in inverse_top:
-            plan.append((inverse_top[name], lambda name=name: source[name]))
-            continue
-        match = layer_re.match(name)
-        if match is None:
-            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
-        layer, rest = match.groups()
-        prefix = f"transformer.encoder.layers.{layer}."
-        if rest in inverse_plain:
-            plan.append((prefix + inverse_plain[rest], lambda name=name: source[name]))
-        elif rest.startswith("self_attn.q_proj."):
-            kind = rest.rsplit(".", 1)[1]
-            parts = [f"model.layers.{layer}.self_attn.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
-            plan.append((f"{prefix}self_attention.query_key_value.{kind}",
-                         lambda parts=parts: torch.cat([source[p] for p in parts], dim=0)))
-        elif rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
-            continue  # joined with q_proj
-        else:
-            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
-    if "transformer.output_layer.weight" not in {target for target, _ in plan}:  # tied GLM: untie
-        plan.append(("transformer.output_layer.weight", lambda: source["model.embed_tokens.weight"]))
-    return plan
 
 
 # ---------------------------------------------------------------- writing

@@ -4,12 +4,13 @@ A directory holds ``config.json`` (``model_type`` "chatglm") and the weights as 
 ``pytorch_model-0000N-of-0000M.bin`` + ``pytorch_model.bin.index.json`` (THUDM's), or
 ``model-0000N-of-0000M.safetensors`` + ``model.safetensors.index.json``, or a single
 ``pytorch_model.bin`` / ``model.safetensors``. The family and every shard are checked before anything
-is read; ``load_pretrained`` then lets transformers' ``from_pretrained`` read shard by shard, straight
-to the asked dtype and device, and turns a key missing from the shards into an error (transformers
-would initialise it at random and only warn).
+is read; ``load_pretrained`` then reads tensor by tensor into a model built on the meta device, straight
+to the asked dtype and device, and turns a key missing from the shards into an error.
 
-``TensorSource`` reads single tensors across shards lazily (safetensors' ``safe_open``; ``.bin`` shards
-memory-mapped), for conversions that must not hold a whole 6B model twice.
+Files are read by the shared reader (``glm_port.models.weights_io``): ``TensorSource`` is its ``Tensors`` over
+THUDM's layout (single tensors across shards, read lazily: safetensors' ``safe_open``, ``.bin`` shards
+memory-mapped), for conversions that must not hold a whole 6B model twice; the names are ChatGLM2's adapter's
+(``adapter.ADAPTER``: THUDM's names are the model's, its constant rotary buffer dropped).
 
 Tensor parallel: ``tensor_parallel_slice`` cuts a THUDM tensor into a rank's part, ``tensor_parallel_merge``
 puts the parts back (its exact inverse), both by ChatGLM2's split plan (``splits.split_plan``, the table the
@@ -31,15 +32,13 @@ from pathlib import Path
 
 import torch
 
-from glm_port.checkpoint_io import load_file
 from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
+from glm_port.models.chatglm2.adapter import ADAPTER, IGNORED_KEYS  # noqa: F401  (THUDM's names)
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from glm_port.models.chatglm2.splits import split_plan
+from glm_port.models.weights_io import Tensors, TensorFile, find_layout
 
 MODEL_TYPES = ("chatglm",)
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
-IGNORED_KEYS = ("rotary_pos_emb.inv_freq",)  # THUDM's files carry this constant buffer
 PREFIX_KEYS = "transformer.prefix_encoder."  # a P-Tuning v2 prefix's weights (THUDM saves these alone)
 _PROJECTION_KEYS = ("trans.0.weight", "trans.0.bias", "trans.2.weight", "trans.2.bias")
 
@@ -76,70 +75,21 @@ def read_config(directory, expected=MODEL_TYPES, quantized: bool = False, prefix
     return config
 
 
-def weight_map(directory) -> dict[str, str]:
-    """``{tensor name: file name}`` from the index (every listed shard checked present) or the single file."""
-    directory = Path(directory)
-    for index_name in INDEX_FILES:
-        index = directory / index_name
-        if index.is_file():
-            try:
-                mapping = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, KeyError):
-                raise WeightsError(f"{index}: not a weight index (no 'weight_map')") from None
-            for shard in sorted(set(mapping.values())):
-                if not (directory / shard).is_file():
-                    raise WeightsError(f"{directory / shard}: shard listed in {index_name} is missing")
-                if shard.endswith(".safetensors"):  # its header against its size: a truncated file named here
-                    _safe_open(directory / shard)
-            return mapping
-    for name in SINGLE_FILES:
-        if (directory / name).is_file():
-            return {key: name for key in _file_keys(directory / name)}
-    raise WeightsError(f"{directory}: no weights ({', '.join(INDEX_FILES + SINGLE_FILES)})")
-
-
-def _safe_open(path: Path):
-    from glm_port.checkpoint_io import open_safetensors
-
-    return open_safetensors(path, WeightsError)
-
-
-def _file_keys(path: Path) -> list[str]:
-    if path.suffix == ".safetensors":
-        return list(_safe_open(path).keys())
-    return list(torch.load(path, map_location="meta", weights_only=True, mmap=True))
-
-
-class TensorSource:
-    """Tensors of a (sharded) checkpoint by name, each read when asked (files opened once, lazily)."""
+class TensorSource(Tensors):
+    """The tensors of a directory of THUDM's layout (one file or shards with an index) by their stored names, each
+    read when asked: the shared reader (``weights_io.Tensors``; every shard checked present and readable first)."""
 
     def __init__(self, directory):
-        self.directory = Path(directory)
-        self.map = weight_map(directory)
-        self._open: dict[str, object] = {}
+        layout = find_layout(directory)
+        if layout.kind == "ranks":
+            raise WeightsError(f"{directory}: tensor-parallel rank files (mp_rank_XX), not THUDM's layout: "
+                               f"glm-merge them first")
+        if layout.kind == "dcp":
+            raise WeightsError(f"{directory}: a sharded run's checkpoint, not THUDM's layout: take the run's final/")
+        super().__init__(layout)
 
-    def keys(self):
-        return self.map.keys()
 
-    def __contains__(self, key):
-        return key in self.map
-
-    def __getitem__(self, key) -> torch.Tensor:
-        if key not in self.map:
-            raise WeightsError(f"{self.directory}: weight {key} missing from the checkpoint")
-        name = self.map[key]
-        handle = self._open.get(name)
-        if handle is None:
-            path = self.directory / name
-            if path.suffix == ".safetensors":
-                handle = _safe_open(path)
-            else:
-                handle = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            self._open[name] = handle
-        return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
-
-    def files_in_order(self) -> list[str]:
-        return sorted(set(self.map.values()))
+open_hf = TensorSource
 
 
 def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
@@ -157,14 +107,14 @@ def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
     raw = read_config_json(directory)
     if raw.get("pre_seq_len") and raw.get("model_type") in MODEL_TYPES:  # a P-Tuning checkpoint given as a model?
         try:
-            weights = set(weight_map(directory))
+            weights = set(open_hf(directory).keys())
         except WeightsError:
             weights = set()
         if weights and all(key.startswith(PREFIX_KEYS) for key in weights):
             raise WeightsError(f"{directory}: a P-Tuning checkpoint (transformer.prefix_encoder.* weights only), not "
                                f"a model: give it as --ptuning_checkpoint beside the base model")
     config = read_config(directory, quantized=quantized, prefix=ptuning_checkpoint is not None)
-    present = set(weight_map(directory))
+    present = set(open_hf(directory).keys())
     if ptuning_checkpoint is not None:
         config, _ = read_ptuning_checkpoint(ptuning_checkpoint, config, pre_seq_len, tensors=False)
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
@@ -223,23 +173,10 @@ def read_ptuning_checkpoint(directory, config: ChatGLM2Config, pre_seq_len: int 
     if path is None:
         raise WeightsError(f"{directory / 'pytorch_model.bin'}: missing (a P-Tuning checkpoint holds its prefix "
                            f"encoder there, or in model.safetensors)")
-    try:
-        if path.suffix == ".safetensors":
-            handle = _safe_open(path)
-            found = {k: (handle.get_tensor(k) if tensors else handle.get_slice(k)) for k in handle.keys()
-                     if k.startswith(PREFIX_KEYS)}
-            shapes = {k: tuple(v.shape if tensors else v.get_shape()) for k, v in found.items()}
-        else:
-            loaded = load_file(path, weights_only=True, mmap=True)
-            if not isinstance(loaded, dict):
-                raise WeightsError(f"{path}: not a state dict")
-            found = {k: v for k, v in loaded.items() if isinstance(k, str) and k.startswith(PREFIX_KEYS)
-                     and isinstance(v, torch.Tensor)}
-            shapes = {k: tuple(v.shape) for k, v in found.items()}
-    except WeightsError:
-        raise
-    except Exception as error:  # a truncated or foreign file
-        raise WeightsError(f"{path}: not a readable checkpoint ({type(error).__name__})") from None
+    file = TensorFile(path)  # the shared reader: a truncated or foreign file is one line naming it
+    names = [k for k in file.keys() if isinstance(k, str) and k.startswith(PREFIX_KEYS)]
+    found = {k: file.get(k) if tensors else None for k in names}
+    shapes = {k: tuple(file.shape(k)) for k in names}
     state = {k[len(PREFIX_KEYS):]: v for k, v in found.items()}
     shapes = {k[len(PREFIX_KEYS):]: v for k, v in shapes.items()}
     if "embedding.weight" not in shapes:
@@ -382,19 +319,30 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
     return model
 
 
-def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=None, pre_seq_len=None):
+def _read_model(config, source, dtype, device, where):
+    """``ChatGLM2ForCausalLM(config)`` built on the meta device and filled from ``source`` (tensors by the model's
+    names: ``TensorSource``, ``ShardSource``) tensor by tensor, each cast to ``dtype`` and moved to ``device`` as
+    it is read; a weight missing or of another shape is one line naming it."""
     from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
+    with torch.device("meta"):
+        model = ChatGLM2ForCausalLM(config)
+    state = {}
+    for name, want in model.state_dict().items():
+        if name not in source:
+            raise WeightsError(f"{where}: weight {name} missing from the checkpoint")
+        tensor = source[name]
+        if list(tensor.shape) != list(want.shape):
+            raise WeightsError(f"{where}: {name} is {list(tensor.shape)}, the config gives {list(want.shape)}")
+        state[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).to(device)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device=device).eval()
+
+
+def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=None, pre_seq_len=None):
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None and ptuning_checkpoint is None:  # merged tensor by tensor into a model built on meta
-        with torch.device("meta"):
-            model = ChatGLM2ForCausalLM(shards.config)
-        state = {}
-        for name in shards.keys():
-            tensor = shards[name]
-            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
-        model.load_state_dict(state, strict=True, assign=True)
-        model = model.to(device=device).eval()
+        model = _read_model(shards.config, shards, dtype, device, directory)
         if shards.config.quantization_bit:
             _quantize_thudm(model, shards.config, None, dtype, device)
         return model
@@ -411,23 +359,19 @@ def _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint=Non
 
 
 def _load_base(directory, config, dtype, device, drop_prefix: bool):
-    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
-
     if drop_prefix:  # the model the base directory holds, without the prefix that goes on it afterwards
         import copy
 
         config = copy.deepcopy(config)
         config.pre_seq_len, config.prefix_projection, config.prefix_hidden_size = None, False, None
-    if config.quantization_bit:
-        source = TensorSource(directory)
-        if any(key.endswith(".weight_scale") for key in source.keys()):
-            return _load_thudm_quantized(directory, config, dtype, device)
-    model, info = ChatGLM2ForCausalLM.from_pretrained(
-        directory, config=config, dtype=dtype, device_map=str(torch.device(device)), output_loading_info=True
-    )
-    missing = sorted(info.get("missing_keys", ()))
-    if missing:
-        raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint")
+    source = TensorSource(directory)
+    if config.quantization_bit and any(key.endswith(".weight_scale") for key in source.keys()):
+        return _load_thudm_quantized(directory, config, dtype, device)
+    model = _read_model(config, source, dtype, device, directory)
+    if (Path(directory) / "generation_config.json").is_file():  # as transformers' from_pretrained takes it
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(directory)
     if config.quantization_bit:  # a full-precision directory: quantized at load, as THUDM's code does
         _quantize_thudm(model, config, None, dtype, device)
     return model
@@ -483,7 +427,8 @@ def tensor_parallel_slice(name: str, full: torch.Tensor, config: ChatGLM2Config,
     try:
         return split_plan(config, size).slice(name, full, rank, size)
     except ValueError as error:
-        raise WeightsError(f"{name} {list(full.shape)} does not split over tensor-parallel size {size} "
+        shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())  # a lazy slice's
+        raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size} "
                            f"({error})") from None
 
 
@@ -536,8 +481,8 @@ class ShardSource:
         from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
 
         self.directory, self.files = Path(directory), files
-        checkpoints = [self._read(f) for f in files]
-        raw = checkpoints[0].get("glm_config")
+        ranks = [TensorFile(f, ADAPTER.to_model) for f in files]  # the shared reader, THUDM's names
+        raw = ranks[0].config()
         if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
             found = raw.get("model_type") if isinstance(raw, dict) else None
             raise WeightsError(f"{files[0]}: not a ChatGLM2 checkpoint (its saved config's model_type is "
@@ -547,7 +492,7 @@ class ShardSource:
             self.config.check_supported()
         except ValueError as error:
             raise WeightsError(f"{files[0]}: {error}") from None
-        self.modules = [{k: v for k, v in c["module"].items() if k not in IGNORED_KEYS} for c in checkpoints]
+        self.modules = [{k: rank.get(k) for k in rank.keys()} for rank in ranks]
         with torch.device("meta"):
             expected = {k: v.shape for k, v in ChatGLM2ForCausalLM(self.config).state_dict().items()}
         size = len(files)
@@ -572,20 +517,6 @@ class ShardSource:
                                        f"missing, or one from another model or degree?)")
         self._names = list(expected)
 
-    @staticmethod
-    def _read(path: Path) -> dict:
-        try:
-            checkpoint = load_file(path, weights_only=True, mmap=True)
-        except Exception as error:  # torch raises many kinds for a damaged file
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise WeightsError(f"{path}: not a readable checkpoint ({reason})") from None
-        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("module"), dict):
-            from glm_port.checkpoint_io import trained_part_problem  # a P-Tuning / LoRA run's resumable state
-
-            raise WeightsError(trained_part_problem(checkpoint, path)
-                              or f"{path}: holds no model weights ('module' missing)")
-        return checkpoint
-
     @property
     def size(self) -> int:
         return len(self.files)
@@ -608,21 +539,18 @@ class ShardSource:
 def tensor_parallel_checkpoint(directory) -> ShardSource | None:
     """``ShardSource`` over the tensor-parallel checkpoint at ``directory`` (a directory with a checkpoint
     tracker, an iteration directory, or one ``mp_rank_XX`` file); None when it holds THUDM's layout (or none)."""
-    from glm_port.checkpoint_io import CheckpointError, rank_files, shard_directory
+    from glm_port.checkpoint_io import shard_directory
 
     path = Path(directory)
-    if path.is_dir() and any((path / name).is_file() for name in INDEX_FILES + SINGLE_FILES):
+    if shard_directory(path) is None:
         return None
-    shards = shard_directory(path)
-    if shards is None:
+    layout = find_layout(path)  # the shared reader: THUDM's files first, then the ranks' (every one named)
+    if layout.kind == "hf":
         return None
-    if not shards.is_dir():
-        raise WeightsError(f"{path}: its checkpoint tracker points at {shards}, which does not exist")
-    try:
-        files = rank_files(shards)
-    except CheckpointError as error:
-        raise WeightsError(str(error)) from None
-    return ShardSource(path, files)
+    if layout.kind == "dcp":
+        raise WeightsError(f"{layout.directory}: a sharded run's checkpoint, not read as a ChatGLM2 model: take the "
+                           f"run's final/ (mp_rank_XX shards)")
+    return ShardSource(path, layout.files)
 
 
 def open_weights(directory):
@@ -631,23 +559,26 @@ def open_weights(directory):
     return tensor_parallel_checkpoint(directory) or TensorSource(directory)
 
 
-def load_tensor_parallel(model, state: dict) -> None:
+def load_tensor_parallel(model, state) -> None:
     """Copy a whole (THUDM-named) state dict into a model built under a tensor-parallel layout: each rank
-    writes its own slices (``tensor_parallel_slice``) into its shards."""
+    writes its own slices (``tensor_parallel_slice``) into its shards. From the shared reader's ``Tensors``
+    (``TensorSource``), a rank reads only its slice of a split safetensors weight (``Tensors.part``)."""
     import sys
 
     dtensor = sys.modules.get("torch.distributed.tensor")
+    lazy = getattr(state, "part", None)  # a safetensors slice (read when indexed) or the tensor
     with torch.no_grad():
         for name, param in model.named_parameters():
             key = name if name in state else name.removeprefix("transformer.")
             if key not in state:
                 raise WeightsError(f"weight {name} missing from the state dict")
-            full = state[key]
             if dtensor is not None and isinstance(param, dtensor.DTensor):
                 local = param.to_local()
                 mesh = param.device_mesh
-                part = full if local.shape == full.shape else tensor_parallel_slice(
+                full = lazy(key) if lazy is not None else state[key]
+                shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())
+                part = full if list(local.shape) == shape else tensor_parallel_slice(
                     name, full, model.config, mesh.get_local_rank(), mesh.size())
-                local.copy_(part)
+                local.copy_(part if isinstance(part, torch.Tensor) else part[:])
             else:
-                param.copy_(full)
+                param.copy_(state[key])

@@ -19,7 +19,9 @@ else is replicated. A checkpoint saved at model-parallel size ``s`` is
 merged and re-split to the run's tensor-parallel size ``t``; each rank reads only the files holding its
 slice (``s / t`` files when merging, one when splitting).
 
-Loading is shard by shard: the model is built on the meta device, each tensor is read (safetensors
+Files are found and read by the shared reader (``glm_port.models.weights_io``: ``find_layout``,
+``iter_rank_tensors``), under upstream's names (GLM's adapter, ``adapter.ADAPTER``). Loading is shard by shard:
+the model is built on the meta device, each tensor is read (safetensors
 memory-mapped, ``.pt``/``.bin`` through ``torch.load(mmap=True)``), converted to the target dtype and
 device and assigned, so host memory stays near one copy of the weights. Any mismatch (a missing or
 unexpected key, a shape, a missing shard file) is one ``WeightsError`` naming it.
@@ -30,9 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -40,14 +41,14 @@ import shim as torch
 
 from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
 from glm_port.checkpoint_io import load_file
-from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.dtypes import parse_dtype
+from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
+from glm_port.models.glm.adapter import ADAPTER
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 from glm_port.models.glm.splits import SPLIT_PLAN
+from glm_port.models.weights_io import HF_FILES as HF_WEIGHT_FILES  # noqa: F401  (the names it looks for)
+from glm_port.models.weights_io import Layout, TensorFile, find_layout, iter_rank_tensors, read_json
 from shim.nn.split_plan import merge_ranks, slice_for_rank
-
-HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
-                   "pytorch_model.bin")
 
 
 # ---- Megatron's split rules: GLM's split plan (splits.py) --------------------------------------------
@@ -80,93 +81,40 @@ def take_slice(name: str, tensor, size: int, rank: int):
         raise WeightsError(f"{name} {shape} does not split over tensor-parallel size {size}") from None
 
 
-# ---- where the weights are -------------------------------------------------------------------------
+# ---- where the weights are: the shared reader (weights_io), GLM's names (adapter) ----------------------
 @dataclass
 class WeightSource:
-    """What ``path`` holds. ``files`` lists the weight files (per mp rank for upstream layouts)."""
+    """What ``path`` holds (``weights_io.find_layout``) and the architecture beside it. ``files``: the weight
+    files (per mp rank for upstream layouts)."""
 
-    kind: str  # "hf" or "megatron"
-    path: Path
-    files: list[Path]
+    layout: Layout
     config: dict | None = None  # THUDM config.json fields, or glm-pretrain's glm_config
-    config_kind: str = "hf"  # "hf" (config.json) or "glm" (GLMConfig fields)
-    key_map: dict[str, Path] = field(default_factory=dict)  # sharded HF: key -> file
+
+    @property
+    def kind(self) -> str:  # "hf", or "megatron" (mp_rank files, a sharded run's DCP directory)
+        return "hf" if self.layout.kind == "hf" else "megatron"
+
+    @property
+    def path(self) -> Path:
+        return self.layout.path
+
+    @property
+    def files(self) -> list[Path]:
+        return self.layout.files
 
     @property
     def mp_size(self) -> int:
-        return len(self.files) if self.kind == "megatron" else 1
+        return self.layout.tp_size
 
 
 def find_source(path) -> WeightSource:
     """Find the weights under ``path`` (a directory or a single ``mp_rank_00_model_states.pt``)."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise WeightsError(f"{path}: no such file or directory")
-    if path.is_file():
-        if MP_RANK.search(path.name):
-            return _megatron_source(path.parent, path.parent)
-        return WeightSource("hf", path, [path], config=_read_json(path.with_name("config.json")))
-    for name in HF_WEIGHT_FILES:
-        candidate = path / name
-        if candidate.is_file():
-            config = _read_json(path / "config.json")
-            if config is None:
-                raise WeightsError(f"{path}: {name} but no config.json beside it")
-            if name.endswith(".index.json"):
-                return _sharded_source(path, candidate, config)
-            return WeightSource("hf", path, [candidate], config=config)
-    for tracker in TRACKERS:
-        if (path / tracker).is_file():
-            step = (path / tracker).read_text().strip()
-            return _megatron_source(path / step, path)
-    from glm_port.checkpoint_io import is_sharded_checkpoint
-
-    if any(MP_RANK.search(p.name) for p in path.iterdir()) or is_sharded_checkpoint(path):
-        return _megatron_source(path, path)
-    raise WeightsError(f"{path} holds no GLM weights (looked for {', '.join(HF_WEIGHT_FILES)}, "
-                       f"mp_rank_XX_model_states.pt, or a checkpoint tracker)")
-
-
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise WeightsError(f"{path}: not valid JSON ({error})") from None
-
-
-def _sharded_source(directory: Path, index: Path, config: dict) -> WeightSource:
-    weight_map = (_read_json(index) or {}).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise WeightsError(f"{index}: no weight_map")
-    files = sorted({directory / f for f in weight_map.values()})
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise WeightsError(f"{index} names shard {missing[0]}, which is missing"
-                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return WeightSource("hf", directory, files, config=config,
-                        key_map={k: directory / f for k, f in weight_map.items()})
-
-
-def _megatron_source(directory: Path, root: Path) -> WeightSource:
-    if not directory.is_dir():
-        raise WeightsError(f"{root}: its tracker points at {directory}, which does not exist")
-    from glm_port.checkpoint_io import CheckpointError, is_sharded_checkpoint, rank_files
-
-    if is_sharded_checkpoint(directory):  # DCP (a sharded run's): one source, read whole by _Reader
-        config = root / "config.json" if (root / "config.json").is_file() else directory / "config.json"
-        return WeightSource("megatron", root, [directory], config=_read_json(config))
-    try:  # every rank's file, or the first missing one named
-        files = rank_files(directory)
-    except CheckpointError as error:
-        raise WeightsError(str(error)) from None
-    source = WeightSource("megatron", root, files)
-    for candidate in (directory / "config.json", root / "config.json"):
-        if candidate.is_file():
-            source.config = _read_json(candidate)
-            break
-    _check_rank_count(source, directory)
+    layout = find_layout(path, "GLM")
+    if layout.kind == "hf" and layout.path.is_dir() and layout.config_file is None:
+        raise WeightsError(f"{layout.path}: {(layout.index or layout.files[0]).name} but no config.json beside it")
+    source = WeightSource(layout, config=read_json(layout.config_file))
+    if layout.kind == "ranks":
+        _check_rank_count(source, layout.directory)
     return source
 
 
@@ -195,131 +143,17 @@ def _check_rank_count(source: WeightSource, directory: Path) -> None:
                            f"model-parallel ranks, {found} found)")
 
 
-# ---- reading tensors -------------------------------------------------------------------------------
-def _torch_load(path: Path) -> dict:
-    """A ``.pt``/``.bin`` file, memory-mapped when its format allows."""
-    errors = (pickle.UnpicklingError, OSError, RuntimeError, EOFError, ValueError)
-    for kwargs in ({"mmap": True, "weights_only": True}, {"weights_only": True},
-                   {"mmap": True, "weights_only": False}, {"weights_only": False}):
-        try:
-            # Upstream's files pickle numpy RNG state: like upstream, a checkpoint you load is trusted.
-            return load_file(path, **kwargs)
-        except errors as error:
-            last = error
-    reason = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
-    raise WeightsError(f"{path}: not a readable checkpoint ({reason})")
-
-
-def _module_weights(checkpoint, path: Path) -> dict:
-    weights = checkpoint.get("module", checkpoint) if isinstance(checkpoint, dict) else None
-    if not isinstance(weights, dict) or not any(isinstance(v, torch.Tensor) for v in weights.values()):
-        from glm_port.checkpoint_io import trained_part_problem  # a LoRA run's resumable state
-
-        raise WeightsError(trained_part_problem(checkpoint, path)
-                          or f"{path}: holds no model weights ('module' missing)")
-    return {_strip(k): v for k, v in weights.items() if isinstance(v, torch.Tensor)}
-
-
-def _strip(key: str) -> str:
-    return key[len(HF_PREFIX):] if key.startswith(HF_PREFIX) else key
-
-
-class _Reader:
-    """Tensors of one file by (prefix-less) name; safetensors lazily and sliceably."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        if path.is_dir():  # a sharded run's DCP checkpoint (checkpoint_io.save_sharded_checkpoint): read whole
-            from glm_port.checkpoint_io import CheckpointError, read_sharded_weights
-
-            self._handle = None
-            try:
-                self._tensors = {_strip(k): v for k, v in read_sharded_weights(path).items()}
-            except CheckpointError as error:
-                raise WeightsError(str(error)) from None
-            self._names = {k: k for k in self._tensors}
-        elif path.suffix == ".safetensors":
-            from glm_port.checkpoint_io import open_safetensors  # a truncated file: one line naming it
-
-            self._handle = open_safetensors(path, WeightsError)
-            self._names = {_strip(k): k for k in self._handle.keys()}
-            self._tensors = None
-        else:
-            self._handle = None
-            self._tensors = _module_weights(_torch_load(path), path)
-            self._names = {k: k for k in self._tensors}
-
-    def keys(self):
-        return self._names.keys()
-
-    def get(self, name: str, size: int = 1, rank: int = 0):
-        if self._handle is not None:
-            return take_slice(name, self._handle.get_slice(self._names[name]), size, rank)
-        return take_slice(name, self._tensors[name], size, rank)
-
-    def shape(self, name: str) -> list[int]:
-        if self._handle is not None:
-            return list(self._handle.get_slice(self._names[name]).get_shape())
-        return list(self._tensors[name].shape)
-
-    def config(self) -> dict | None:
-        if self.path.is_dir():
-            from glm_port.checkpoint_io import SHARDED_STATE, saved_config
-
-            return saved_config(self.path / SHARDED_STATE)
-        if self._handle is not None:
-            metadata = self._handle.metadata() or {}
-            return json.loads(metadata["glm_config"]) if "glm_config" in metadata else None
-        return None
+def _reader(path: Path) -> TensorFile:
+    """One file's tensors by upstream's names (GLM's adapter)."""
+    return TensorFile(path, ADAPTER.to_checkpoint)
 
 
 def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0,
                  keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, "torch.Tensor"]]:
     """``(name, tensor)`` for this tensor-parallel rank's slice of every weight ``keep`` accepts, file by
-    file (the others are never read)."""
-    def names(reader):
-        return [n for n in reader.keys() if keep is None or keep(n)]
-
-    if source.kind == "hf":
-        for path in source.files:
-            reader = _Reader(path)
-            for name in names(reader):
-                yield name, reader.get(name, tp_size, tp_rank)
-            del reader
-        return
-    s, t = source.mp_size, tp_size
-    if s == t:
-        reader = _Reader(source.files[tp_rank])
-        for name in names(reader):
-            yield name, reader.get(name)
-    elif s % t == 0:  # merge s/t consecutive source ranks into this rank's slice
-        group = s // t
-        readers = _same_names([_Reader(source.files[tp_rank * group + i]) for i in range(group)])
-        for name in names(readers[0]):
-            yield name, merge_slices(name, [r.get(name) for r in readers], [r.path for r in readers])
-    elif t % s == 0:  # split one source rank's slice further
-        group = t // s
-        reader = _Reader(source.files[tp_rank // group])
-        for name in names(reader):
-            yield name, take_slice(name, reader.get(name), group, tp_rank % group)
-    else:  # neither divides: merge everything, then take this rank's slice
-        readers = _same_names([_Reader(f) for f in source.files])
-        for name in names(readers[0]):
-            yield name, take_slice(name, merge_slices(name, [r.get(name) for r in readers], [r.path for r in readers]),
-                                   t, tp_rank)
-
-
-def _same_names(readers: list) -> list:
-    """Tensor-parallel shards hold the same weights; a file that holds others is another model's."""
-    first = set(readers[0].keys())
-    for reader in readers[1:]:
-        other = set(reader.keys())
-        if other != first:
-            name, place = (sorted(first - other)[0], reader.path) if first - other else \
-                (sorted(other - first)[0], readers[0].path)
-            raise WeightsError(f"{place} lacks {name}, which {readers[0].path if place == reader.path else reader.path} "
-                               f"holds: shards of different models mixed?")
-    return readers
+    file (the others are never read), by upstream's names, cut and merged by GLM's split plan."""
+    return iter_rank_tensors(source.layout, take_slice, merge_slices, tp_size=tp_size, tp_rank=tp_rank,
+                             rename=ADAPTER.to_checkpoint, keep=keep)
 
 
 def stage_weights(stage) -> Callable[[str], bool]:
@@ -349,11 +183,8 @@ def source_config(source: WeightSource, overrides: dict | None = None):
         fields.pop("auto_map", None)
         config = GLMConfig.from_dict(fields)
     else:
-        first = _Reader(source.files[0])
+        first = _reader(source.files[0])
         embedded = first.config()
-        if embedded is None and source.kind == "megatron":
-            checkpoint = _torch_load(source.files[0])
-            embedded = checkpoint.get("glm_config") if isinstance(checkpoint, dict) else None
         if embedded is not None and "model_type" not in embedded:
             # glm-pretrain's checkpoints from while GLMConfig was a dataclass: its fields, the run settings not taken
             config = GLMConfig(**{k: v for k, v in embedded.items() if k not in RUN_SETTINGS})
@@ -366,7 +197,7 @@ def source_config(source: WeightSource, overrides: dict | None = None):
     return config
 
 
-def _config_from_shapes(reader: _Reader, mp_size: int, heads: int | None):
+def _config_from_shapes(reader: TensorFile, mp_size: int, heads: int | None):
     """Upstream's files carry no architecture: read it off the shapes (heads: 64-wide, as every GLM release)."""
     from glm_port.models.glm.config import GLMConfig
 
@@ -395,7 +226,8 @@ def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size:
     """Read ``source`` into ``model`` (a ``GLMForConditionalGeneration``), tensor by tensor, checking keys
     and shapes; ``assign(name, tensor)`` places a tensor (default: replaces the parameter); ``keep`` limits
     the load to the weights it accepts (a pipeline stage's)."""
-    expected = {_strip(k): v for k, v in model.state_dict().items() if keep is None or keep(_strip(k))}
+    names = {ADAPTER.to_checkpoint(k): v for k, v in model.state_dict().items()}
+    expected = {k: v for k, v in names.items() if keep is None or keep(k)}
     seen = set()
     for name, tensor in iter_tensors(source, tp_size, tp_rank, keep):
         if name not in expected:
@@ -412,7 +244,7 @@ def load_state(model, source: WeightSource, *, dtype=None, device=None, tp_size:
         if _is_mapped(source_tensor):
             _release_pages(source_tensor)
         del source_tensor
-        (assign or _assign_parameter)(model, HF_PREFIX + name, tensor)
+        (assign or _assign_parameter)(model, ADAPTER.to_model(name), tensor)
         seen.add(name)
     missing = [k for k in expected if k not in seen]
     if missing:
@@ -544,7 +376,7 @@ def save_hf(model_state: dict, directory, config: dict, *, shards: int = 1, pref
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    state = {prefix + _strip(k): v.contiguous() for k, v in model_state.items()}
+    state = {prefix + ADAPTER.to_checkpoint(k): v.contiguous() for k, v in model_state.items()}
     names = list(state)
     groups = [names[i::shards] for i in range(shards)]
     ext = "safetensors" if safetensors else "bin"

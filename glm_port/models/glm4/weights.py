@@ -1,9 +1,10 @@
 """Reading a GLM-4 directory: THUDM's layout (``model_type: chatglm``, ChatGLM2's tensor names) or transformers'
 native ``GlmForCausalLM`` layout (``model_type: glm``, glm-4-9b-chat-hf), with one-line errors.
 
-Both are read tensor by tensor across shards (``chatglm2.weights.TensorSource``: safetensors or ``.bin``, one
-file or an index), each cast to the asked dtype as it is read, into a model built on the meta device. The
-transformers layout is mapped to THUDM's names by ``chatglm2.convert.from_glm_plan`` (``q|k|v_proj`` joined into
+Both are read tensor by tensor across shards by the shared reader (``weights_io``: safetensors or ``.bin``, one
+file or an index), each cast to the asked dtype as it is read, into a model built on the meta device; the names
+are GLM-4's adapters (``adapter``, ChatGLM2's): THUDM's layout is the model's names (its constant rotary buffer
+dropped), the transformers layout is mapped to them by ``from_glm_plan`` (``q|k|v_proj`` joined into
 ``query_key_value``; ``gate_up_proj`` is ``dense_h_to_4h`` as it is) and its config by
 ``chatglm2.convert.from_glm_config`` (``rope_theta`` = 10000 x ``rope_ratio``, ``partial_rotary_factor`` 0.5).
 A weight missing or left over is a ``WeightsError`` naming it before the model is used.
@@ -21,8 +22,9 @@ from pathlib import Path
 import torch
 
 from glm_port.models import WeightsError
-from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, default_dtype, read_config_json,
-                                              read_ptuning_checkpoint, tensor_parallel_checkpoint)
+from glm_port.models.glm4.adapter import ADAPTER, from_glm_plan
+from glm_port.models.chatglm2.weights import (default_dtype, open_hf, read_config_json, read_ptuning_checkpoint,
+                                              tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
 
@@ -62,25 +64,30 @@ def read_config(directory) -> GLM4Config:
     return config
 
 
-def weight_plan(directory, config: GLM4Config) -> list[tuple[str, object]]:
-    """``[(our tensor name, function reading it)]`` for the directory's layout (tensor-parallel shards too)."""
+def weight_plan(directory, config: GLM4Config, source=None) -> list[tuple[str, object]]:
+    """``[(our tensor name, function reading it)]`` for the directory's layout, tensor-parallel shards too
+    (``source``: its tensors already opened, ``chatglm2.weights.open_hf``)."""
     shards = shard_source(directory)
     if shards is not None:
         return [(name, lambda name=name: shards[name]) for name in shards.keys()]
-    source = TensorSource(directory)
+    source = source if source is not None else open_hf(directory)
     if is_transformers_glm(read_config_json(directory)):
-        from glm_port.models.chatglm2.convert import from_glm_plan
-
         return from_glm_plan(config, source)
-    return [(name, lambda name=name: source[name]) for name in source.keys()
-            if not name.endswith(IGNORED_KEYS)]
+    return [(model, lambda name=name: source[name]) for name in source.keys()
+            if (model := ADAPTER.to_model(name)) is not None]
 
 
 class PlannedWeights:
-    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked (``weight_plan``)."""
+    """A GLM-4 directory's tensors by our (THUDM's) names, each read when asked (``weight_plan``); ``part(name)``
+    (what ``chatglm2.weights.load_tensor_parallel`` cuts a rank's slice from): a lazy safetensors slice where the
+    stored tensor is the model's (``source``, THUDM's layout), else the tensor."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, source=None):
         self.plan = dict(plan)
+        self.source = source
+
+    def part(self, name):
+        return self.source.part(name) if self.source is not None else self.plan[name]()
 
     def __contains__(self, name) -> bool:
         return name in self.plan
@@ -102,7 +109,9 @@ def open_weights(directory, config: GLM4Config | None = None) -> PlannedWeights:
     shards = shard_source(directory)
     if shards is not None:
         return shards
-    return PlannedWeights(weight_plan(directory, config or read_config(directory)))
+    config, source = config or read_config(directory), open_hf(directory)
+    stored_as_ours = not is_transformers_glm(read_config_json(directory))
+    return PlannedWeights(weight_plan(directory, config, source), source if stored_as_ours else None)
 
 
 def _expected(config: GLM4Config) -> dict[str, torch.Size]:

@@ -60,6 +60,22 @@ def test_missing_weight(tmp_path, model, write_thudm):
     _one_line(exc, "transformer.encoder.layers.1.mlp.dense_4h_to_h.weight missing")
 
 
+def test_a_weight_of_another_shape_is_one_line_naming_it(tmp_path, model, write_thudm):
+    """Read by the shared reader into a model built on meta: a tensor of another shape than the config gives is a
+    WeightsError naming the weight and both shapes (transformers' from_pretrained, which read it before, raised a
+    RuntimeError of many lines)."""
+    name = "transformer.encoder.layers.0.mlp.dense_4h_to_h.weight"
+    state = dict(model.state_dict())
+    state[name] = state[name][:, :-1].clone()
+    from glm_port.models.chatglm2.weights import save_sharded
+
+    save_sharded(state, tmp_path, shards=2, fmt="safetensors")
+    model.config.save_pretrained(tmp_path)
+    with pytest.raises(WeightsError) as exc:
+        load_pretrained(tmp_path)
+    _one_line(exc, f"{tmp_path}: {name} is {list(state[name].shape)}, the config gives")
+
+
 def test_unknown_family(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(WeightsError) as exc:
