@@ -116,6 +116,35 @@ def check_chatglm2_tp2_fsdp2_replicated_key_value_rows_count_once():
         assert_same_losses(losses, ref_losses)
 
 
+def check_tp2_fsdp2_bf16_computes_in_bf16_on_fp32_shards():
+    """--bf16 under TP x FSDP2: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the 2-D shards; the
+    tensor-parallel layers see bf16 weights, the shards, their gradients and AdamW's states stay fp32, and the
+    losses track one fp32 process's (2%)."""
+    from torch.distributed.tensor import DTensor
+
+    from glm_port.sharding import transformer_layers
+
+    seen = set()
+    real_shard = ParallelEnv.shard
+
+    def shard_and_watch(env, model, dtype=None):
+        model = real_shard(env, model, dtype)
+        dense = transformer_layers(model)[0].attention.dense
+        dense.register_forward_pre_hook(lambda m, _: seen.add((type(m.weight), m.weight.dtype)))
+        return model
+
+    ParallelEnv.shard = shard_and_watch
+    try:
+        _, model, optimizer, (losses, _), _, (ref_losses, _) = _train(3, dtype=torch.bfloat16)
+    finally:
+        ParallelEnv.shard = real_shard
+    assert seen == {(DTensor, torch.bfloat16)}  # the gathered tensor-parallel weight, in bf16
+    for p in model.parameters():
+        assert p.dtype == p.grad.dtype == optimizer.state[p]["exp_avg"].dtype == torch.float32
+    assert any(p.device_mesh.ndim == 2 for p in model.parameters())
+    assert losses == pytest.approx(ref_losses, rel=0.02) and losses != pytest.approx(ref_losses, rel=1e-6)
+
+
 def check_whole_model_out_of_tp_shards():
     """The final save: each tensor-parallel rank's slices gathered over dp (``tensor_parallel_state_dict``),
     written as a tensor-parallel run writes them (``mp_rank_XX``); glm-merge's reader joins them into the
