@@ -118,7 +118,10 @@ def _duplicate_rows(model) -> dict:
     the ranks: ``tensor_parallel_duplicate_rows`` on every copy but the first), before ``fully_shard``."""
     found = {}
     for module_name, module in model.named_modules():
-        for name, param in module.named_parameters(recurse=False):
+        params = dict(module.named_parameters(recurse=False))
+        if hasattr(module, "mark_duplicate_rows"):  # shim's Linear1D: marked again (a dtype change, a load with
+            module.mark_duplicate_rows(*params.values())  # assign=True, swaps parameters for unmarked ones)
+        for name, param in params.items():
             ranges = getattr(param, "tensor_parallel_duplicate_rows", None)
             if ranges:
                 local = param.to_local() if hasattr(param, "to_local") else param

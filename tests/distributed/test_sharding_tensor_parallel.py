@@ -44,6 +44,8 @@ def _chatglm2(initial=None):
     model = ChatGLM2ForCausalLM(ChatGLM2Config(**CHATGLM2))
     if initial is not None:
         load_tensor_parallel(model, initial)
+        # as the family's loader ends (load_state_dict with assign=True): new parameters, not marked duplicate
+        model.load_state_dict(dict(model.state_dict()), assign=True)
     return model
 
 
