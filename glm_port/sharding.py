@@ -249,6 +249,24 @@ def _counted_rows(piece, duplicates):
     return torch.cat([k.reshape(-1) for k in kept])
 
 
+def tensor_parallel_numel(tensors) -> int:
+    """Elements of ``tensors`` one tensor-parallel rank holds once gathered over data parallel: a DTensor's
+    whole size over the ranks of its mesh's "tp" dimension when that dimension splits it (upstream's count
+    of parameters "on model parallel rank N"); no collective."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        if isinstance(t, DTensor):
+            names = t.device_mesh.mesh_dim_names or ()
+            split = math.prod(t.device_mesh.size(i) for i, (name, p) in enumerate(zip(names, t.placements))
+                              if name == "tp" and not p.is_replicate())
+            total += t.numel() // split
+        else:
+            total += t.numel()
+    return total
+
+
 def local_numel(tensors) -> int:
     """Elements this rank holds of ``tensors`` (a DTensor's local shard; a plain tensor whole)."""
     from torch.distributed.tensor import DTensor
