@@ -43,8 +43,18 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     **{f"tensor_parallel_zero{stage}": (
         4, ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", f"{{out_dir}}/zero{stage}.json"],
         ["--batch-size", "4"]) for stage in (2, 3)},
+    # ... resuming its own DCP checkpoint (2 iterations at TP 2 x ZeRO 3, saved by the launch before), as one
+    # process resumes its checkpoint of the same 2 iterations
+    "tensor_parallel_zero3_resumed": (
+        4, ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", "{out_dir}/zero3.json",
+            "--load", "{out_dir}/tp_zero3"], ["--batch-size", "4", "--load", "{out_dir}/unsharded"]),
 }
-SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
+# Runs before a world size's RUNS whose output no test reads but their checkpoints.
+SAVES = {
+    2: ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save", "{out_dir}/tp_checkpoint"],
+    4: ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", "{out_dir}/zero3.json",
+        "--train-iters", "2", "--eval-iters", "0", "--save", "{out_dir}/tp_zero3"],
+}
 TIMEOUT_S = 240
 LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
 VALIDATION = re.compile(r"^ validation loss at (.+) \| LM loss: (\S+) \| LM PPL: (\S+)$", re.MULTILINE)
@@ -60,11 +70,9 @@ def validation_losses(text: str) -> dict[str, float]:
 
 def _launch(world_size: int, out_dir: str) -> dict:
     """The runs of ``world_size`` ranks in ONE torchrun launch: ``{name.rank.txt: log}``."""
-    names = [name for name, (world, _, _) in RUNS.items() if world == world_size]
-    runs = [[*COMMON, *(a.format(out_dir=out_dir) for a in RUNS[name][1])] for name in names]
-    if world_size == 2:
-        names.append(None)  # the tensor-parallel checkpoint test_tensor_parallel_checkpoint_... reads
-        runs.append([*COMMON, *SAVE_TP, str(Path(out_dir, "tp_checkpoint"))])
+    names = [None, *(name for name, (world, _, _) in RUNS.items() if world == world_size)]
+    runs = [[*COMMON, *(a.format(out_dir=out_dir) for a in (SAVES[world_size] if name is None else RUNS[name][1]))]
+            for name in names]
     launch_dir = Path(out_dir, f"world{world_size}")
     launch_dir.mkdir()
     per_run = torchrun_mains("glm_port.pretrain_glm:main", runs, world_size, launch_dir, TIMEOUT_S, check=False)
