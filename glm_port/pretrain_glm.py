@@ -208,10 +208,6 @@ def setup(args) -> Run:
     """Everything before the first step; bad input fails here, before anything is written."""
     if args.local_rank is not None:  # older launchers pass --local_rank instead of setting LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    if args.zero_stage and args.model_parallel_size > 1:  # composed in glm-finetune; not tested through here
-        raise ValueError(f"sharded data parallel (ZeRO stage {args.zero_stage}) with tensor parallel "
-                         f"{args.model_parallel_size} is not supported by glm-pretrain: shard over data parallel "
-                         "alone, or split the model with tensor parallel alone (glm-finetune composes them)")
     env = ParallelEnv.from_environment(args.model_parallel_size, args.distributed_backend, args.device,
                                        sharding_stage=args.zero_stage)
     if args.train_batch_size is not None:
@@ -224,7 +220,9 @@ def setup(args) -> Run:
     notes = []
     if args.zero_stage and env.sharding is not None:
         notes.append(f" > ZeRO stage {args.zero_stage}: parameters, gradients and optimizer state sharded over the "
-                     f"{env.sharding.degree} data-parallel ranks (FSDP2; checkpoints as torch.distributed.checkpoint)")
+                     f"{env.sharding.degree} data-parallel ranks (FSDP2" + (
+                         f" on the (dp, tp) mesh, tensor parallel {env.tp_size}" if env.tp_size > 1 else "")
+                     + "; checkpoints as torch.distributed.checkpoint)")
     elif args.zero_stage:
         notes.append(f" > ZeRO stage {args.zero_stage}: one data-parallel rank, nothing to shard")
     name, args.save = experiment_save_dir(args)
@@ -244,7 +242,7 @@ def setup(args) -> Run:
     loaded_plain = None
     if env.sharding is not None and args.load is not None and not is_sharded_checkpoint(
             find_checkpoint(args.load).parent):  # an unsharded checkpoint: its weights in before sharding
-        loaded_plain = load_checkpoint(args.load, model, load_rng=not args.no_load_rng)
+        loaded_plain = load_checkpoint(args.load, model, tp_rank=env.tp_rank, load_rng=not args.no_load_rng)
     model = env.shard(model, torch.bfloat16 if args.bf16 else None)  # ZeRO: FSDP2 units, before the optimizer
     decay_iters = args.lr_decay_iters or args.train_iters
     optimizer, scheduler = build_optimizer(model, OptimizerSettings(
@@ -318,8 +316,12 @@ def train(args, run: Run) -> None:
     if env.is_main:
         for note in run.notes:
             print(note, flush=True)
-        weights = run.model.state_dict() if env.sharding is not None else local_state_dict(run.model)
-        parameters = sum(p.numel() for p in weights.values())  # a DTensor shard counts its whole tensor
+        if env.sharding is not None:  # what this tensor-parallel rank holds, gathered over data parallel
+            from glm_port.sharding import tensor_parallel_numel
+
+            parameters = tensor_parallel_numel(run.model.state_dict().values())
+        else:
+            parameters = sum(p.numel() for p in local_state_dict(run.model).values())
         print(f" > number of parameters on model parallel rank {env.tp_rank}: {parameters}", flush=True)
 
     def summarize(iteration: int, scalars: dict) -> None:

@@ -103,11 +103,51 @@ def shard_model(model, sharding: Sharding, param_dtype=None):
     options = dict(mesh=sharding.mesh, reshard_after_forward=sharding.reshard_after_forward)
     if policy is not None:
         options["mp_policy"] = policy
+    duplicates = _duplicate_rows(model)
     for layer in transformer_layers(model):
         fully_shard(layer, **options)
     # The root's own parameters are needed until the loss (tied output embedding): never resharded early.
     fully_shard(model, **{**options, "reshard_after_forward": False})
+    _mark_sharded_duplicates(model, duplicates, sharding.mesh)
     return model
+
+
+def _duplicate_rows(model) -> dict:
+    """``{(module name, parameter name): (its tensor-parallel rows on this rank, duplicate row ranges)}`` for the
+    parameters whose rows another tensor-parallel rank also holds (ChatGLM2's key/value groups replicated over
+    the ranks: ``tensor_parallel_duplicate_rows`` on every copy but the first), before ``fully_shard``."""
+    found = {}
+    for module_name, module in model.named_modules():
+        params = dict(module.named_parameters(recurse=False))
+        if hasattr(module, "mark_duplicate_rows"):  # shim's Linear1D: marked again (a dtype change, a load with
+            module.mark_duplicate_rows(*params.values())  # assign=True, swaps parameters for unmarked ones)
+        for name, param in params.items():
+            ranges = getattr(param, "tensor_parallel_duplicate_rows", None)
+            if ranges:
+                local = param.to_local() if hasattr(param, "to_local") else param
+                found[module_name, name] = (local.shape[0], tuple(ranges))
+    return found
+
+
+def _mark_sharded_duplicates(model, duplicates: dict, mesh) -> None:
+    """Carry the duplicate rows onto the FSDP2 shards as ``sharded_duplicate_rows``, in the shard's own rows:
+    FSDP2 cuts the rank's tensor-parallel rows into ``torch.chunk`` pieces over the shard dimension of
+    ``mesh``, this rank holding the piece at its place there (``fully_shard`` makes new parameters, which
+    lose the attribute, and the duplicate ranges must be cut as the rows were)."""
+    if not duplicates:
+        return
+    dim = "shard" if mesh.ndim == 2 else None
+    ranks, rank = mesh.size(1 if dim else 0), mesh.get_local_rank(dim)
+    for (module_name, name), (rows, ranges) in duplicates.items():
+        param = getattr(model.get_submodule(module_name), name)
+        chunk = -(-rows // ranks)
+        start, stop = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
+        held = param.to_local().shape[0] if hasattr(param, "to_local") else param.shape[0]
+        if held != stop - start:
+            raise RuntimeError(f"{module_name}.{name}: FSDP2 shard of {held} rows, expected rows [{start}, {stop}) "
+                               f"of {rows}: cannot place its duplicate rows")
+        param.sharded_duplicate_rows = tuple((max(b, start) - start, min(e, stop) - start)
+                                             for b, e in ranges if min(e, stop) > max(b, start))
 
 
 def is_sharded(model) -> bool:
@@ -158,14 +198,17 @@ def root_gathered(model):
 
 def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
     """Clip by the global norm of gradients that are DTensors (FSDP shards, possibly also replicated over
-    an HSDP replica dimension): each element counted once. Returns the norm (a float tensor)."""
+    an HSDP replica dimension): each element counted once, the rows of a shard that another tensor-parallel
+    rank also holds (``sharded_duplicate_rows``) left out. Returns the norm (a float tensor)."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in parameters if p.grad is not None]
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
     if not grads:
         return torch.zeros(())
     norm_type = float(norm_type)
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    counted = [_counted_rows(piece, getattr(p, "sharded_duplicate_rows", ())) for p, piece in zip(params, local)]
     if math.isinf(norm_type):
         total = torch.stack([g.detach().abs().max().float() if g.numel() else g.new_zeros(()).float()
                              for g in local]).max()
@@ -173,7 +216,7 @@ def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
             dist.all_reduce(total, op=dist.ReduceOp.MAX)
     else:
         powers, world = [], dist.get_world_size() if dist.is_initialized() else 1
-        for g, piece in zip(grads, local):
+        for g, piece in zip(grads, counted):
             # copies held by several ranks (HSDP's replica dimension; a tensor-parallel rank's parameter that
             # tensor parallel leaves whole, sharded over dp alone) are divided out: the world's sum counts once
             # (a dimension that splits the tensor: Shard, or FSDP's _StridedShard over a tensor-parallel Shard)
@@ -191,6 +234,36 @@ def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0):
         scale = coefficient.item()
         for piece in local:  # the shards in place: the DTensor gradients follow
             piece.mul_(scale)
+    return total
+
+
+def _counted_rows(piece, duplicates):
+    """``piece`` without the row ranges ``duplicates`` (counted by the rank holding the first copy)."""
+    if not duplicates:
+        return piece
+    kept, start = [], 0
+    for begin, end in sorted(duplicates):
+        kept.append(piece[start:begin])
+        start = end
+    kept.append(piece[start:])
+    return torch.cat([k.reshape(-1) for k in kept])
+
+
+def tensor_parallel_numel(tensors) -> int:
+    """Elements of ``tensors`` one tensor-parallel rank holds once gathered over data parallel: a DTensor's
+    whole size over the ranks of its mesh's "tp" dimension when that dimension splits it (upstream's count
+    of parameters "on model parallel rank N"); no collective."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        if isinstance(t, DTensor):
+            names = t.device_mesh.mesh_dim_names or ()
+            split = math.prod(t.device_mesh.size(i) for i, (name, p) in enumerate(zip(names, t.placements))
+                              if name == "tp" and not p.is_replicate())
+            total += t.numel() // split
+        else:
+            total += t.numel()
     return total
 
 

@@ -133,6 +133,8 @@ def world_of_one():
 
 
 if __name__ == "__main__":  # the clean interpreter: conftest.py TEST_FILE WORLD_SIZE KEY=FUNCTION...
+    # the checkout's root, as pytest's pythonpath puts it: a test module's ``tests.distributed...`` imports
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     test_file, world = sys.argv[1], int(sys.argv[2])
     spec = importlib.util.spec_from_file_location("dist_checks", test_file)
     module = importlib.util.module_from_spec(spec)

@@ -2,9 +2,9 @@
 each holding half of the parameters, gradients and optimizer state, and their DCP checkpoint loads in one
 process.
 
-fp32, no dropout: each rank trains on its half of a global batch; the one-process reference (run on every
-rank, from the same initial weights) trains on the whole batch. Gradient clipping is set low enough to act,
-so the norm over DTensor shards is checked too.
+fp32, no dropout (tests/distributed/sharding_common.py): each rank trains on its half of a global batch; the
+one-process reference (run on every rank, from the same initial weights) trains on the whole batch. Gradient
+clipping is set low enough to act, so the norm over DTensor shards is checked too.
 """
 
 import copy
@@ -16,34 +16,13 @@ import torch
 import torch.distributed as dist
 
 from glm_port.distributed import ParallelEnv
-from glm_port.models.glm import GLMConfig, GLMModel
-from glm_port.training import OptimizerSettings, Precision, build_optimizer, train_step
+from glm_port.models.glm import GLMModel
+from glm_port.training import Precision, build_optimizer, train_step
+from tests.distributed.sharding_common import (CLIP, CONFIG, STEPS, assert_same_losses, assert_same_norms,
+                                               glm_batch as _batch, half as _half, record_norms,
+                                               settings as _settings)
 
-CONFIG = GLMConfig(vocab_size=96, num_layers=2, hidden_size=32, num_attention_heads=2, max_sequence_length=24,
-                   embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
-STEPS, BATCH, LENGTH = 4, 4, 16  # global batch of 4: 2 per rank
-CLIP = 0.05
 SAVE_DIR = "GLM_SHARDING_TEST_DIR"  # set by the test before the launch (forked and clean launches inherit it)
-
-
-def _batch(step: int) -> dict:
-    g = torch.Generator().manual_seed(100 + step)
-    text = torch.randint(0, CONFIG.vocab_size, (BATCH, LENGTH), generator=g)
-    sep = torch.randint(4, LENGTH - 4, (BATCH,), generator=g)
-    position = torch.arange(LENGTH).expand(BATCH, LENGTH)
-    block = (position - sep[:, None] + 1).clamp(min=0)
-    loss_mask = (position >= sep[:, None]).long()
-    return {"text": text, "position_id": torch.stack([position.minimum(sep[:, None]), block], 1),
-            "attention_mask": sep, "target": torch.roll(text, -1, 1), "loss_mask": loss_mask}
-
-
-def _half(batch: dict, rank: int) -> dict:
-    per_rank = BATCH // 2
-    return {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
-
-
-def _settings():
-    return OptimizerSettings(lr=3e-3, weight_decay=0.01, warmup=0.0, decay_iters=STEPS)
 
 
 def _micro(batch: dict, indices: list[int]) -> dict:
@@ -62,6 +41,7 @@ def _train(stage: int, degree: int | None = None, accumulation: int = 1):
     ref_optimizer, ref_scheduler = build_optimizer(reference, _settings())
     precision = Precision(torch.device("cpu"))
     one = ParallelEnv(torch.device("cpu"))
+    norms, ref_norms = record_norms(env), record_norms(one)
     losses, ref_losses = [], []
     for step in range(STEPS):
         batch = _batch(step)
@@ -73,13 +53,12 @@ def _train(stage: int, degree: int | None = None, accumulation: int = 1):
         losses.append(train_step(model, mine, optimizer, scheduler, precision, clip_grad=CLIP, env=env))
         ref_losses.append(train_step(reference, whole, ref_optimizer, ref_scheduler, precision, clip_grad=CLIP,
                                      env=one))
+    assert_same_norms(norms, ref_norms)  # the clip's norm over the shards: every element counted once
     return env, model, optimizer, losses, reference, ref_losses
 
 
 def _assert_same_run(model, losses, reference, ref_losses):
-    assert len(set(losses)) == len(losses)  # it trains (each step a new loss)
-    for step, (a, b) in enumerate(zip(losses, ref_losses)):
-        assert abs(a - b) <= 1e-4, f"step {step}: sharded loss {a} != one-process loss {b}"
+    assert_same_losses(losses, ref_losses)
     ref = reference.state_dict()
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value.full_tensor(), ref[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -4,35 +4,30 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import re
-import subprocess
-import sys
-import time
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from glm_port.finetune.run import main
+
+from ..conftest import torchrun, torchrun_mains
 
 LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
 EVAL = re.compile(r"^ eval(?: at step (\d+))? \| rouge-1 +(\S+) \| rouge-2 +(\S+) \| rouge-l +(\S+) \|", re.MULTILINE)
 QUICK = ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "0", "--per_device_eval_batch_size", "8"]
 
 
-def _tiny_chatglm2_finetune_argv(tmp_path, *extra):
-    """glm-finetune's arguments (TP_ARGV's) for a full finetune of the embedded tiny ChatGLM2 saved under
-    ``tmp_path/base`` (each rank loads its slices of it) on the toy task."""
+def _tiny_chatglm2_finetune_argv(tmp_path, *extra, **config):
+    """glm-finetune's arguments (TP_ARGV's) for a full finetune of the embedded tiny ChatGLM2 (``config``:
+    fields changed) saved under ``tmp_path/base`` (each rank loads its slices of it) on the toy task."""
     from glm_port.finetune.toy_task import write_toy_task
     from glm_port.models.chatglm2.finetune import save
     from glm_port.models.chatglm2.tiny import build_tiny
 
     (tmp_path / "tokenizer").mkdir()
-    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    save(*build_tiny(str(tmp_path / "tokenizer"), **config), tmp_path / "base")
     return [*TP_ARGV, "--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
             str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10",
             "--per_device_train_batch_size", "32", *extra]
@@ -188,49 +183,17 @@ def test_a_missing_field_names_file_line_and_field(tmp_path, capsys):
 TP_ARGV = ["--do_eval", "false", "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "3e-3"]
 
 
-def _rank_main(rank, port, out_dir, runs, world=2):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    for index, argv in enumerate(runs):
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                main([*argv, *([] if "--tensor_parallel_degree" in argv else ["--tensor_parallel_degree", str(world)])])
-        except BaseException:
-            out.write("FAILED\n" + traceback.format_exc())
-        Path(out_dir, f"rank{rank}_{index}.txt").write_text(out.getvalue())
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _run_two_ranks(tmp_path, *runs, world=2):
-    """glm-finetune on 2 (``world``) forked ranks (gloo, tensor parallel 2 / ``world``), once per argv of
-    ``runs``; rank 0's logs."""
-    assert not dist.is_initialized()
+def _run_ranks(tmp_path, *runs, world=2):
+    """glm-finetune on ``world`` gloo ranks of one torchrun launch (tensor parallel ``world`` unless an argv
+    names its degree), once per argv of ``runs``; rank 0's logs."""
     runs = runs or ([*TP_ARGV, "--output_dir", str(tmp_path / "tp")],)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_rank_main, args=(store.port, str(tmp_path), tuple(map(tuple, runs)), world),
-                                 nprocs=world, start_method="fork", join=False)
-    deadline = time.monotonic() + 240
-    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{world}-rank glm-finetune did not finish in 240 s")
-    logs = []
-    for index in range(len(runs)):
-        log = (tmp_path / f"rank0_{index}.txt").read_text()
-        for rank in range(1, world):
-            assert "FAILED" not in log and "FAILED" not in (tmp_path / f"rank{rank}_{index}.txt").read_text(), log
-        logs.append(log)
-    return logs
+    runs = [[*argv, *([] if "--tensor_parallel_degree" in argv else ["--tensor_parallel_degree", str(world)])]
+            for argv in runs]
+    return [per_rank[0] for per_rank in torchrun_mains("glm_port.finetune.run:main", runs, world, tmp_path)]
 
 
 def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
-    parallel = _losses(_run_two_ranks(tmp_path)[0])
+    parallel = _losses(_run_ranks(tmp_path)[0])
     single = _losses(_run([*TP_ARGV, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
@@ -258,7 +221,7 @@ def test_sharded_finetune_logs_the_losses_of_one_process_and_saves_the_whole_mod
             "--per_device_eval_batch_size", "48"]
     # ChatGLM2 too (its logits call model.transformer, then the output layer's weight: run as the root's forward)
     chatglm2 = ["--model_name_or_path", "chatglm2-tiny", *TP_ARGV, "--max_steps", "3"]
-    log, chatglm2_log = _run_two_ranks(
+    log, chatglm2_log = _run_ranks(
         tmp_path, [*argv, "--tensor_parallel_degree", "1", "--sharding", "stage3", "--per_device_train_batch_size",
                    "16", "--output_dir", str(tmp_path / "fsdp")],
         [*chatglm2, "--tensor_parallel_degree", "1", "--sharding", "stage2", "--per_device_train_batch_size", "16",
@@ -302,13 +265,9 @@ def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_pat
     one-process model."""
     scored = [*TP_ARGV, "--do_eval", "true", "--num_beams", "2", "--per_device_eval_batch_size", "48"]
     argv = [*scored, "--save_steps", "2", "--sharding", "stage3", "--per_device_train_batch_size", "16"]
-    # torchrun, as a user launches it: a clean interpreter a rank (4 ranks forked from a pytest process that has
-    # run other tests can hang in the OpenMP runtime)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "glm_port.finetune",
-         *argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1",
-                                                            "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    # torchrun, as a user launches it (glm_port.finetune as the module run)
+    done = torchrun(["-m", "glm_port.finetune", *argv, "--tensor_parallel_degree", "2", "--output_dir",
+                     str(tmp_path / "tp")], 4)
     assert done.returncode == 0, done.stderr[-3000:]
     log = done.stdout
     assert " > --sharding stage3: FSDP2 over 2 ranks" in log
@@ -333,6 +292,36 @@ def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_pat
     with torch.no_grad():
         torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
                                    single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sharded_tensor_parallel_chatglm2_with_replicated_key_value_rows_trains_as_one_process(tmp_path, capsys):
+    """ChatGLM2 with ONE key/value group at --tensor_parallel_degree 2 (both ranks hold it) x --sharding stage2 and
+    stage3 on 4 ranks, clipping every step: one process's losses (1e-4), the final model saved as mp_rank_XX
+    shards that load with one process's logits; --bf16 at stage 3 (bf16 compute on fp32 shards) tracks the
+    one-process bf16 run (2%)."""
+    full = _tiny_chatglm2_finetune_argv(tmp_path, "--max_grad_norm", "0.05", multi_query_group_num=1)
+    # tensor parallel 2 x 2 data-parallel ranks at batch 16: 32 a step, as one process
+    sharded = [*full, "--tensor_parallel_degree", "2", "--per_device_train_batch_size", "16"]
+    logs = _run_ranks(tmp_path, [*sharded, "--sharding", "stage2", "--output_dir", str(tmp_path / "stage2")],
+                      [*sharded, "--sharding", "stage3", "--output_dir", str(tmp_path / "stage3")],
+                      [*sharded, "--sharding", "stage3", "--bf16", "--output_dir", str(tmp_path / "bf16")],
+                      world=4)
+    for log in logs:
+        assert " > --sharding stage" in log and "FSDP2 over 2 ranks" in log
+    single = _losses(_run([*full, "--output_dir", str(tmp_path / "one_full")], capsys))
+    single_bf16 = _losses(_run([*full, "--bf16", "--output_dir", str(tmp_path / "one_bf16")], capsys))
+    assert sorted(single) == [1, 2, 3, 4]
+    for log in logs[:2]:
+        parallel = _losses(log)
+        assert sorted(parallel) == [1, 2, 3, 4]
+        for step, loss in single.items():
+            assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    bf16 = _losses(logs[2])
+    for step, loss in single_bf16.items():
+        assert bf16[step] == pytest.approx(loss, rel=0.02), step
+    assert sorted(p.name for p in (tmp_path / "stage2" / "final" / "4").iterdir()) == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    _assert_one_process_logits(tmp_path, tmp_path / "stage2" / "final", tmp_path / "stage3" / "final")
 
 
 def test_sharding_in_one_process_says_there_is_nothing_to_shard(tmp_path, capsys):
@@ -368,7 +357,7 @@ def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole
     lora = ["--lora", "--lora_target_modules", "query_key_value,dense"]  # a column- and a row-split layer
     # Then the whole adapter saved at TP 2 is loaded at TP 2 (sliced) and at TP 1: the same first loss.
     again = [*TP_ARGV, "--max_steps", "1", "--lora_path", str(tmp_path / "tp" / "final")]
-    parallel, parallel_again = map(_losses, _run_two_ranks(
+    parallel, parallel_again = map(_losses, _run_ranks(
         tmp_path, [*TP_ARGV, *lora, "--output_dir", str(tmp_path / "tp")],
         [*again, "--output_dir", str(tmp_path / "tp_again")]))
     single = _losses(_run([*TP_ARGV, *lora, "--output_dir", str(tmp_path / "one")], capsys))
@@ -417,7 +406,7 @@ def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(
     argv = [*full, "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
     # A full finetune too (the vocab-parallel loss over this rank's slice of the replicated output layer),
     # its shards merged into one THUDM directory by --merge_tensor_parallel_path.
-    logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
+    logs = _run_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
                           [*full, "--output_dir", str(tmp_path / "tp_full"),
                            "--merge_tensor_parallel_path", str(tmp_path / "tp_merged")])
     _assert_one_process_run(tmp_path, capsys, logs, argv, full)
@@ -435,7 +424,7 @@ def test_tensor_parallel_4_on_chatglm2s_2_key_value_groups_trains_as_one_process
     finetune log one process's losses, and the adapter saved is one process's whole adapter."""
     full = _tiny_chatglm2_finetune_argv(tmp_path, "--max_grad_norm", "0.05")  # a norm that clips every step
     argv = [*full, "--lora", "--lora_target_modules", "query_key_value"]
-    logs = _run_two_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
+    logs = _run_ranks(tmp_path, [*argv, "--output_dir", str(tmp_path / "tp")],
                           [*full, "--output_dir", str(tmp_path / "tp_full")], world=4)
     _assert_one_process_run(tmp_path, capsys, logs, argv, full)
     # glm-merge puts the 4 shards (each key/value group held by 2 of them) back into one THUDM directory, which
@@ -529,7 +518,7 @@ def test_a_glm_directory_finetunes_at_tensor_parallel_2_as_one_process(tmp_path,
     full = [*TP_ARGV, "--model_name_or_path", str(base), "--do_train", "--train_file",
             str(_pairs_file(tmp_path / "t.json")), "--src_length", "16", "--tgt_length", "8"]
     lora = [*full, "--lora", "--lora_target_modules", "query_key_value,dense"]
-    logs = _run_two_ranks(tmp_path, [*full, "--output_dir", str(tmp_path / "tp_full")],
+    logs = _run_ranks(tmp_path, [*full, "--output_dir", str(tmp_path / "tp_full")],
                           [*lora, "--output_dir", str(tmp_path / "tp_lora")])
     for log, argv, name in zip(logs, (full, lora), ("one_full", "one_lora")):
         parallel, single = _losses(log), _losses(_run([*argv, "--output_dir", str(tmp_path / name)], capsys))
@@ -706,7 +695,7 @@ def test_a_chatglm2_directory_without_its_tokenizer_names_the_flag_and_takes_one
     from glm_port.models.chatglm2.tiny import build_tiny
 
     (tmp_path / "tokenizer").mkdir()
-    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
+    save(*build_tiny(str(tmp_path / "tokenizer"), **config), tmp_path / "base")
     (tmp_path / "base" / "tokenizer.model").rename(tmp_path / "tokenizer.model")
     argv = ["--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
             str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10", "--max_steps", "1",

@@ -1,27 +1,24 @@
 """Parallelism is invisible in the math: glm-pretrain on several ranks logs what one process logs.
 
 fp32, no dropout. Data parallel 2 at --batch-size b == one process at 2b (same samples, same order);
-tensor parallel 2 == one process; both together on 4 ranks == one process at 2b. The runs of one
-world size share ONE launch of gloo ranks (forked, so no re-import), each calling glm-pretrain's
-``main`` as torchrun would.
+tensor parallel 2 == one process; both together on 4 ranks == one process at 2b, with ZeRO stage 2 or 3
+too (FSDP2 over the dp dimension of the (dp, tp) mesh). The runs of one world size share ONE torchrun
+launch of gloo ranks (tests/conftest.py's ``torchrun_mains``), each rank calling glm-pretrain's ``main``.
 """
 
 import contextlib
 import io
-import os
 import re
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.tensor  # noqa: F401  (tensor-parallel optimizer state holds DTensors)
-import torch.multiprocessing as mp
 
 from glm_port.pretrain_glm import main
+
+from ..conftest import torchrun_mains
 
 COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
           "--train-iters", "4", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
@@ -42,8 +39,22 @@ RUNS = {  # name: (world size, argv of each rank, argv of the one-process run)
     "zero3_from_an_unsharded_checkpoint": (
         2, ["--batch-size", "2", "--deepspeed_config", "{out_dir}/zero3.json", "--load", "{out_dir}/unsharded"],
         ["--batch-size", "4", "--load", "{out_dir}/unsharded", "--no-load-optim"]),
+    # ZeRO with tensor parallel: FSDP2 over the dp dimension of the (dp, tp) mesh, 2 x 2 on 4 ranks
+    **{f"tensor_parallel_zero{stage}": (
+        4, ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", f"{{out_dir}}/zero{stage}.json"],
+        ["--batch-size", "4"]) for stage in (2, 3)},
+    # ... resuming its own DCP checkpoint (2 iterations at TP 2 x ZeRO 3, saved by the launch before), as one
+    # process resumes its checkpoint of the same 2 iterations
+    "tensor_parallel_zero3_resumed": (
+        4, ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", "{out_dir}/zero3.json",
+            "--load", "{out_dir}/tp_zero3"], ["--batch-size", "4", "--load", "{out_dir}/unsharded"]),
 }
-SAVE_TP = ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save"]
+# Runs before a world size's RUNS whose output no test reads but their checkpoints.
+SAVES = {
+    2: ["--batch-size", "4", "--model-parallel-size", "2", "--train-iters", "2", "--save", "{out_dir}/tp_checkpoint"],
+    4: ["--batch-size", "2", "--model-parallel-size", "2", "--deepspeed_config", "{out_dir}/zero3.json",
+        "--train-iters", "2", "--eval-iters", "0", "--save", "{out_dir}/tp_zero3"],
+}
 TIMEOUT_S = 240
 LOSS = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
 VALIDATION = re.compile(r"^ validation loss at (.+) \| LM loss: (\S+) \| LM PPL: (\S+)$", re.MULTILINE)
@@ -57,40 +68,15 @@ def validation_losses(text: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in VALIDATION.finditer(text)}
 
 
-def _rank_main(rank, world_size, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-    for name, (world, argv, _) in RUNS.items():
-        if world != world_size:
-            continue
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                main([*COMMON, *(a.format(out_dir=out_dir) for a in argv)])
-        except BaseException:
-            out.write("FAILED\n" + traceback.format_exc())
-        Path(out_dir, f"{name}.{rank}.txt").write_text(out.getvalue())
-    if world_size == 2:
-        with contextlib.redirect_stdout(io.StringIO()):
-            main([*COMMON, *SAVE_TP, str(Path(out_dir, "tp_checkpoint"))])
-    dist.destroy_process_group()
-
-
-def _launch(world_size: int, out_dir: str) -> None:
-    assert not dist.is_initialized()
-    # The store is bound here, on a port the OS picks, so no other test can take it in between.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_rank_main, args=(world_size, store.port, out_dir), nprocs=world_size,
-                                 start_method="fork", join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{world_size}-rank glm-pretrain did not finish within {TIMEOUT_S} s")
+def _launch(world_size: int, out_dir: str) -> dict:
+    """The runs of ``world_size`` ranks in ONE torchrun launch: ``{name.rank.txt: log}``."""
+    names = [None, *(name for name, (world, _, _) in RUNS.items() if world == world_size)]
+    runs = [[*COMMON, *(a.format(out_dir=out_dir) for a in (SAVES[world_size] if name is None else RUNS[name][1]))]
+            for name in names]
+    launch_dir = Path(out_dir, f"world{world_size}")
+    launch_dir.mkdir()
+    per_run = torchrun_mains("glm_port.pretrain_glm:main", runs, world_size, launch_dir, TIMEOUT_S, check=False)
+    return {f"{name}.{rank}.txt": log for name, logs in zip(names, per_run) if name for rank, log in enumerate(logs)}
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +87,10 @@ def rank_logs():
         with contextlib.redirect_stdout(io.StringIO()):
             main([*COMMON, "--batch-size", "4", "--train-iters", "2", "--eval-iters", "0", "--save",
                   str(Path(out_dir, "unsharded"))])
+        Path(out_dir, "zero2.json").write_text('{"zero_optimization": {"stage": 2}}')
+        logs = {}
         for world_size in sorted({world for world, _, _ in RUNS.values()}):
-            _launch(world_size, out_dir)
-        logs = {p.name: p.read_text() for p in Path(out_dir).glob("*.txt")}
+            logs.update(_launch(world_size, out_dir))
         checkpoint = Path(out_dir, "tp_checkpoint", "2")
         shards = [torch.load(checkpoint / f"mp_rank_{r:02d}_model_states.pt", weights_only=True)["module"]
                   for r in (0, 1)]
@@ -119,8 +106,15 @@ def test_ranks_log_the_losses_of_one_process(name, rank_logs, capsys):
         if rank:
             assert logged_losses(logs[f"{name}.{rank}.txt"]) == {}  # only rank 0 logs
     parallel = logged_losses(logs[f"{name}.0.txt"])
-    if name.startswith("zero3"):
-        assert "ZeRO stage 3: parameters, gradients and optimizer state sharded over the 2" in logs[f"{name}.0.txt"]
+    if "zero" in name:
+        stage = name[-1] if name[-1].isdigit() else "3"
+        assert (f"ZeRO stage {stage}: parameters, gradients and optimizer state sharded over the 2"
+                in logs[f"{name}.0.txt"])
+    if name.startswith("tensor_parallel_zero"):
+        assert "(FSDP2 on the (dp, tp) mesh, tensor parallel 2;" in logs[f"{name}.0.txt"]
+        # the count upstream prints: what one tensor-parallel rank holds (as tensor parallel alone prints it)
+        count = re.compile(r"number of parameters on model parallel rank 0: (\d+)")
+        assert count.findall(logs[f"{name}.0.txt"]) == count.findall(logs["tensor_and_data_parallel.0.txt"]) != []
     if name == "zero3_from_an_unsharded_checkpoint":
         assert "is unsharded: its weights and iteration are loaded, its optimizer state is not" in logs[f"{name}.0.txt"]
 
