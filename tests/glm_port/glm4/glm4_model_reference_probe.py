@@ -5,10 +5,13 @@
 Run by ``test_model_reference.py`` under a Python with transformers 4.x (what THUDM's code was written for).
 ``CODE_DIR`` holds glm-4-9b-chat's ``configuration_chatglm.py`` and ``modeling_chatglm.py`` (never part of this
 project). ``WORK_DIR/inputs.pt``: a list of keyword-argument dicts for the forward pass; ``WORK_DIR/reference.pt``
-gets the logits of each, fp32.
+gets the logits of each, fp32. With ``WORK_DIR/greedy.pt`` (``input_ids`` and ``steps``), ``WORK_DIR/greedy_reference.pt``
+gets THUDM's greedy continuation two ways: ``generate`` (``do_sample=False``, no end id) and a loop over THUDM's
+forward with its cache (``past_key_values``, the next position as ``position_ids``), with each step's last logits.
 """
 
 import importlib
+import os
 import sys
 import types
 
@@ -34,6 +37,26 @@ def main(code, model_dir, work):
         for kwargs in torch.load(f"{work}/inputs.pt"):
             logits.append(model(**kwargs, use_cache=False).logits.float())
     torch.save(logits, f"{work}/reference.pt")
+    if os.path.exists(f"{work}/greedy.pt"):
+        torch.save(greedy(model, **torch.load(f"{work}/greedy.pt")), f"{work}/greedy_reference.pt")
+
+
+def greedy(model, input_ids, steps):
+    with torch.no_grad():
+        generated = model.generate(input_ids, do_sample=False, max_new_tokens=steps, min_new_tokens=steps,
+                                   eos_token_id=None, pad_token_id=model.config.pad_token_id)
+        out = model(input_ids=input_ids, use_cache=True, return_dict=True)
+        tokens, logits = [], []
+        for step in range(steps):
+            last = out.logits[:, -1].float()
+            logits.append(last)
+            tokens.append(last.argmax(-1, keepdim=True))
+            if step + 1 < steps:
+                position = torch.full_like(tokens[-1], input_ids.shape[1] + step)
+                out = model(input_ids=tokens[-1], position_ids=position, past_key_values=out.past_key_values,
+                            use_cache=True, return_dict=True)
+    return {"generate": generated[:, input_ids.shape[1]:], "tokens": torch.cat(tokens, 1),
+            "logits": torch.stack(logits, 1)}
 
 
 if __name__ == "__main__":
