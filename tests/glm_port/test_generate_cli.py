@@ -189,3 +189,19 @@ def test_repetition_penalty_reaches_glm_generate_and_stop_is_refused(checkpoint,
     assert exit_info.value.code == 2 and not calls
     err = capsys.readouterr().err.strip()
     assert err == "glm-generate: error: --stop: GLM's blank filling takes no stop strings (each blank ends at its eop)"
+
+
+def test_glm_generate_and_glm_chat_take_the_same_quantize_options():
+    """``--quantize`` and ``--quantize-group-size`` are written once (``generation.options``): the same choices,
+    defaults and help in both commands, and the modes are the registry's."""
+    from glm_port.chat import build_parser as chat_parser
+    from glm_port.generation.cli import build_parser as generate_parser
+    from glm_port.generation.options import QUANTIZE_MODES
+    from glm_port.models import QUANTIZE_BITS
+
+    def options(parser):
+        return {a.dest: (a.option_strings, a.choices, a.default, a.type, a.help) for a in parser._actions
+                if a.dest in ("quantize", "quantize_group_size")}
+
+    assert options(generate_parser()) == options(chat_parser()) and len(options(chat_parser())) == 2
+    assert tuple(QUANTIZE_MODES) == tuple(QUANTIZE_BITS)
