@@ -296,6 +296,8 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
                 else:
                     out.write(f"{result['marked']}\n{result['text']}\n\n")
             out.flush()
+            if getattr(tokenizer, "load_note", None):  # e.g. GLM weights without a vocabulary: the built-in one
+                err.write(f"glm-generate: note: {tokenizer.load_note}\n")
             tokens = sum(len(span) for r in results for span in r["generated_ids"])
             first = (clock.first - start) * 1000 if clock.first else float("nan")
             err.write(f"glm-generate: {len(results)} result(s), {tokens} new tokens in {elapsed:.2f} s: "

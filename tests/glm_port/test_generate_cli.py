@@ -205,3 +205,33 @@ def test_glm_generate_and_glm_chat_take_the_same_quantize_options():
 
     assert options(generate_parser()) == options(chat_parser()) and len(options(chat_parser())) == 2
     assert tuple(QUANTIZE_MODES) == tuple(QUANTIZE_BITS)
+
+
+def test_weights_without_a_vocabulary_say_which_tokenizer_ran(checkpoint):
+    """glm-pretrain's saves hold no vocabulary: glm-generate runs glm-pretrain's default, the built-in one, and says
+    so in one note line on stderr (it used to fall back silently)."""
+    out, err = run(["--model", str(checkpoint), "--max-new-tokens", "2", "a [MASK] b"])
+    notes = [line for line in err.splitlines() if line.startswith("glm-generate: note:")]
+    assert notes == [f"glm-generate: note: {checkpoint} holds no tokenizer: used the built-in TinyWordPieceTokenizer "
+                     f"(glm-pretrain's default); name another with --tokenizer-type / --tokenizer-path"]
+    named, err = run(["--model", str(checkpoint), "--max-new-tokens", "2", "--tokenizer-type",
+                      "TinyWordPieceTokenizer", "a [MASK] b"])
+    assert named == out and "note:" not in err
+
+
+def test_a_hugging_face_glm_directory_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    """A Hugging Face directory (config.json + weights) must carry its tokenizer, as transformers' AutoTokenizer
+    requires: without one glm-generate refuses (the built-in vocabulary would only generate nonsense for it)."""
+    from glm_port.models.glm.weights import save_hf
+
+    config = GLMConfig(vocab_size=tiny_wordpiece().vocab_size, num_layers=1, hidden_size=32, num_attention_heads=2,
+                       max_sequence_length=32)
+    save_hf(GLMModel(config).state_dict(), tmp_path, {"model_type": "glm", "num_layers": 1, "hidden_size": 32,
+                                                      "num_attention_heads": 2, "vocab_size": config.vocab_size,
+                                                      "max_sequence_length": 32})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--model", str(tmp_path), "--max-new-tokens", "2", "a [MASK]"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err
+    assert err == (f"glm-generate: error: {tmp_path}: no tokenizer beside the weights (no vocabulary file or "
+                   f"tokenizer_config.json): name it with --tokenizer-path (and --tokenizer-type)")
