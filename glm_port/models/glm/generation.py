@@ -12,9 +12,9 @@ from glm_port.models.glm.tokenizer import GLMTokenizer
 
 def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=None, tensor_parallel=None):
     """``(model, tokenizer)`` for ``path``: a HF GLM directory, upstream mp_rank files, a glm-pretrain save."""
-    note = _check_tokenizer_beside(path) if tokenizer_type is None and tokenizer_path is None else None
     model = GLMForConditionalGeneration.from_pretrained(path, dtype=dtype, device=device,
                                                        tensor_parallel=tensor_parallel)
+    note = _check_tokenizer_beside(path) if tokenizer_type is None and tokenizer_path is None else None
     tokenizer = load_tokenizer(path, tokenizer_type, tokenizer_path)
     if tokenizer.vocab.num_tokens > model.config.vocab_size:
         raise ValueError(f"the {tokenizer.vocab.name} vocabulary has {tokenizer.vocab.num_tokens} tokens, more than "
