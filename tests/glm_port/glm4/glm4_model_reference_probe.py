@@ -11,6 +11,7 @@ forward with its cache (``past_key_values``, the next position as ``position_ids
 """
 
 import importlib
+import inspect
 import os
 import sys
 import types
@@ -41,7 +42,28 @@ def main(code, model_dir, work):
         torch.save(greedy(model, **torch.load(f"{work}/greedy.pt")), f"{work}/greedy_reference.pt")
 
 
+def _transformers_4_44_for_thudms_generation_hooks(wants_pair: bool):
+    """THUDM's mid-2024 ``_update_model_kwargs_for_generation`` calls transformers'
+    ``_extract_past_from_model_output(outputs, standardize_cache_format=...)``, taking its result as the cache
+    (early July) or as ``(cache_name, cache)`` (late July); transformers 4.44 dropped the argument and returns the
+    pair. Under such a transformers, give THUDM's call what it expects (a patch on transformers' class in this
+    process; THUDM's file is left as published). Older transformers (4.40, the copy's own pin) are left alone."""
+    from transformers.generation.utils import GenerationMixin
+
+    extract = GenerationMixin._extract_past_from_model_output
+    if "standardize_cache_format" in inspect.signature(extract).parameters:
+        return
+
+    def legacy(self, outputs, standardize_cache_format=False):
+        pair = extract(self, outputs)
+        return pair if wants_pair else pair[1]
+
+    GenerationMixin._extract_past_from_model_output = legacy
+
+
 def greedy(model, input_ids, steps):
+    _transformers_4_44_for_thudms_generation_hooks(
+        "cache_name, cache = self._extract_past_from_model_output" in inspect.getsource(type(model)))
     with torch.no_grad():
         generated = model.generate(input_ids, do_sample=False, max_new_tokens=steps, min_new_tokens=steps,
                                    eos_token_id=None, pad_token_id=model.config.pad_token_id)

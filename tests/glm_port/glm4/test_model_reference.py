@@ -5,8 +5,8 @@ code never ships with this project).
 
 ``GLM4_CODE`` holds glm-4-9b-chat's ``configuration_chatglm.py`` and ``modeling_chatglm.py`` (the same directory
 may hold its tokenizer code for ``test_reference.py``); ``GLM4_PYTHON`` (or ``GLM_REF_PYTHON``) is a Python with
-transformers 4.x, which that code needs (4.40.0 for the mid-2024 copy, its requirements.txt's pin: its generation
-hooks call transformers APIs that 4.44 changed); THUDM's model runs there in a subprocess
+transformers 4.x, which that code needs (4.44: the probe adapts THUDM's mid-2024 generation hooks to its
+``_extract_past_from_model_output``; the early-July copy's own pin, 4.40.0, also works); THUDM's model runs there in a subprocess
 (glm4_model_reference_probe.py) on a tiny GLM-4 written here in THUDM's layout (``rope_ratio`` 500, every weight
 random): the logits of a batch and of a left-padded batch, then six greedy steps with the cache (THUDM's ``generate``
 and THUDM's cached forward step by step) give our tokens and our logits.
