@@ -37,6 +37,7 @@ import torch
 
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument, parse_dtype
+from glm_port.generation.options import add_quantize_arguments
 from glm_port.generation.text import bad_utf8, tolerant_stdin
 from glm_port.models import FAMILIES, TINY_FAMILY, WeightsError, family_at, family_of
 
@@ -135,13 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pack", action="store_true",
                         help="on CPU, keep the linear weights as loaded (default: repack them into oneDNN's layout "
                              "where that measures faster for one token; docs/generation.md)")
-    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
-                        help="weight-only quantization of the layers' linears after loading, activations in --dtype "
-                             "(int8: a scale a row; int4: a scale and zero a group of columns); the output layer, "
-                             "embedding and norms stay float, as THUDM's; in place of the CPU repacking (default: "
-                             "off, or what config.json's quantization_bit says; docs/quantization.md)")
-    parser.add_argument("--quantize-group-size", type=int, default=None,
-                        help="with --quantize int4: columns a scale, 32, 64 or 128, dividing every row (default 128)")
+    add_quantize_arguments(parser)
     parser.add_argument("--no-cache-reuse", action="store_true",
                         help="prefill the whole conversation (the history re-encoded as text) every turn; default: "
                              "keep the key/value cache across turns and prefill only the new turn's tokens, as "

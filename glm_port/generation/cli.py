@@ -23,6 +23,7 @@ from pathlib import Path
 
 from glm_port.dtypes import METAVAR as DTYPE_METAVAR
 from glm_port.dtypes import dtype_argument
+from glm_port.generation.options import add_quantize_arguments
 from glm_port.generation.text import bad_utf8, tolerant_stdin
 
 
@@ -99,13 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-pack", action="store_true",
                      help="on CPU, keep the linear weights as loaded (default: repack each weight shape into "
                           "oneDNN's layout where that measures faster for a decode step; docs/generation.md)")
-    run.add_argument("--quantize", choices=["int8", "int4"], default=None,
-                     help="weight-only quantization of the linear layers after loading, activations in --dtype "
-                          "(int8: a scale a row; int4: a scale and zero a group of columns); ChatGLM2 keeps its "
-                          "output layer in float as THUDM does, embeddings and norms stay float; in place of the "
-                          "CPU repacking (default: off; docs/quantization.md)")
-    run.add_argument("--quantize-group-size", type=int, default=None,
-                     help="with --quantize int4: columns a scale, 32, 64 or 128, dividing every row (default 128)")
+    add_quantize_arguments(run)
     run.add_argument("--tensor-parallel-size", type=int, default=1,
                      help="split every layer over this many ranks, launched with torchrun (default 1)")
     run.add_argument("--pipeline-parallel-size", type=int, default=1,
@@ -301,6 +296,8 @@ def run(args, out=sys.stdout, err=sys.stderr) -> list[dict]:
                 else:
                     out.write(f"{result['marked']}\n{result['text']}\n\n")
             out.flush()
+            if getattr(tokenizer, "load_note", None):  # e.g. GLM weights without a vocabulary: the built-in one
+                err.write(f"glm-generate: note: {tokenizer.load_note}\n")
             tokens = sum(len(span) for r in results for span in r["generated_ids"])
             first = (clock.first - start) * 1000 if clock.first else float("nan")
             err.write(f"glm-generate: {len(results)} result(s), {tokens} new tokens in {elapsed:.2f} s: "

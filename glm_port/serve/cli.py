@@ -16,6 +16,8 @@ import ipaddress
 import os
 import sys
 
+from glm_port.dtypes import METAVAR as DTYPE_METAVAR
+from glm_port.dtypes import dtype_argument
 from glm_port.serve.app import Limits
 
 LOOPBACK_NAMES = ("localhost",)
@@ -66,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, default=limits.top_p,
                      help=f"top-p where a request gives none (default {limits.top_p})")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when there is one)")
-    run.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                     help="default: float32 on CPU, the family's default on a GPU")
+    run.add_argument("--dtype", type=dtype_argument, metavar=DTYPE_METAVAR, default=None,
+                     help="fp32, bf16 or fp16 (or float32, bfloat16, float16); default: fp32 on CPU, the family's "
+                          "default on a GPU")
     run.add_argument("--no-pack", action="store_true",
                      help="on CPU, keep the linear weights as loaded (default: oneDNN-packed where faster)")
     run.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))

@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
+from glm_port.dtypes import DTYPES, parse_dtype
 from glm_port.models import FAMILIES, TINY_FAMILY, build_tiny, family_at
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def family_chat_formats(family) -> tuple[str, ...]:
@@ -82,8 +81,9 @@ class ServedModel:
     @classmethod
     def load(cls, path=None, *, dtype: str | None = None, device: str = "cpu", chat_format: str | None = None,
              name: str | None = None) -> "ServedModel":
-        """The model at ``path`` (any family, found by ``family_at``), or the embedded tiny model when None."""
-        torch_dtype = DTYPES[dtype] if dtype else None
+        """The model at ``path`` (any family, found by ``family_at``), or the embedded tiny model when None.
+        ``dtype`` in either spelling (``bf16`` or ``bfloat16``: ``glm_port.dtypes``)."""
+        torch_dtype = parse_dtype(dtype)
         if path is None:
             family = tiny_family(chat_format)
             model, tokenizer = build_tiny(family.name, **({"chat_format": chat_format} if chat_format else {}))
@@ -96,7 +96,7 @@ class ServedModel:
         if chat_format is not None and chat_format not in spoken:  # another family's format: nothing loaded
             raise ValueError(f"--chat-format {chat_format}: {path} is a {family.name} model, whose chat formats are "
                              f"{', '.join(spoken) or 'none'}")
-        short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: None}[torch_dtype]
+        short = {value: name for name, value in DTYPES.items()}.get(torch_dtype)  # the loaders' short name
         model, tokenizer = family.binding("generation").load(path, dtype=short, device=device)
         if chat_format is not None and chat_format != getattr(tokenizer, "chat_format", None):
             if family.chat is None or not hasattr(tokenizer, "vocab_file"):

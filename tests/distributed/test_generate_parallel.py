@@ -17,6 +17,7 @@ from glm_port.data.tokenization import tiny_wordpiece
 from glm_port.generation import cli
 from glm_port.models.glm import weights
 from glm_port.models.glm.hf import GLMForConditionalGeneration, GLMPretrainedConfig
+from glm_port.models.glm.tokenizer import GLMTokenizer
 
 PROMPTS = ["the cat sat on the [MASK] .", "one [MASK] two [sMASK] three", "language models", "a [MASK] b"]
 WORK = Path(tempfile.mkdtemp(prefix="glm-generate-parallel-"))
@@ -31,6 +32,7 @@ def _write_checkpoints():
     model = GLMForConditionalGeneration(config).eval()
     state = {k[len("glm."):]: v for k, v in model.state_dict().items()}
     weights.save_hf(state, WORK / "hf", config.to_dict())
+    GLMTokenizer(vocab).save_pretrained(WORK / "hf")  # a Hugging Face directory carries its tokenizer
     mp = WORK / "mp2" / "1"
     mp.mkdir(parents=True)
     (WORK / "mp2" / "latest_checkpointed_iteration.txt").write_text("1")

@@ -189,3 +189,49 @@ def test_repetition_penalty_reaches_glm_generate_and_stop_is_refused(checkpoint,
     assert exit_info.value.code == 2 and not calls
     err = capsys.readouterr().err.strip()
     assert err == "glm-generate: error: --stop: GLM's blank filling takes no stop strings (each blank ends at its eop)"
+
+
+def test_glm_generate_and_glm_chat_take_the_same_quantize_options():
+    """``--quantize`` and ``--quantize-group-size`` are written once (``generation.options``): the same choices,
+    defaults and help in both commands, and the modes are the registry's."""
+    from glm_port.chat import build_parser as chat_parser
+    from glm_port.generation.cli import build_parser as generate_parser
+    from glm_port.generation.options import QUANTIZE_MODES
+    from glm_port.models import QUANTIZE_BITS
+
+    def options(parser):
+        return {a.dest: (a.option_strings, a.choices, a.default, a.type, a.help) for a in parser._actions
+                if a.dest in ("quantize", "quantize_group_size")}
+
+    assert options(generate_parser()) == options(chat_parser()) and len(options(chat_parser())) == 2
+    assert tuple(QUANTIZE_MODES) == tuple(QUANTIZE_BITS)
+
+
+def test_weights_without_a_vocabulary_say_which_tokenizer_ran(checkpoint):
+    """glm-pretrain's saves hold no vocabulary: glm-generate runs glm-pretrain's default, the built-in one, and says
+    so in one note line on stderr (it used to fall back silently)."""
+    out, err = run(["--model", str(checkpoint), "--max-new-tokens", "2", "a [MASK] b"])
+    notes = [line for line in err.splitlines() if line.startswith("glm-generate: note:")]
+    assert notes == [f"glm-generate: note: {checkpoint} holds no tokenizer: used the built-in TinyWordPieceTokenizer "
+                     f"(glm-pretrain's default); name another with --tokenizer-type / --tokenizer-path"]
+    named, err = run(["--model", str(checkpoint), "--max-new-tokens", "2", "--tokenizer-type",
+                      "TinyWordPieceTokenizer", "a [MASK] b"])
+    assert named == out and "note:" not in err
+
+
+def test_a_hugging_face_glm_directory_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    """A Hugging Face directory (config.json + weights) must carry its tokenizer, as transformers' AutoTokenizer
+    requires: without one glm-generate refuses (the built-in vocabulary would only generate nonsense for it)."""
+    from glm_port.models.glm.weights import save_hf
+
+    config = GLMConfig(vocab_size=tiny_wordpiece().vocab_size, num_layers=1, hidden_size=32, num_attention_heads=2,
+                       max_sequence_length=32)
+    save_hf(GLMModel(config).state_dict(), tmp_path, {"model_type": "glm", "num_layers": 1, "hidden_size": 32,
+                                                      "num_attention_heads": 2, "vocab_size": config.vocab_size,
+                                                      "max_sequence_length": 32})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--model", str(tmp_path), "--max-new-tokens", "2", "a [MASK]"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err
+    assert err == (f"glm-generate: error: {tmp_path}: no tokenizer beside the weights (no vocabulary file or "
+                   f"tokenizer_config.json): name it with --tokenizer-path (and --tokenizer-type)")

@@ -14,12 +14,37 @@ def load(path, *, dtype=None, device=None, tokenizer_type=None, tokenizer_path=N
     """``(model, tokenizer)`` for ``path``: a HF GLM directory, upstream mp_rank files, a glm-pretrain save."""
     model = GLMForConditionalGeneration.from_pretrained(path, dtype=dtype, device=device,
                                                        tensor_parallel=tensor_parallel)
+    note = _check_tokenizer_beside(path) if tokenizer_type is None and tokenizer_path is None else None
     tokenizer = load_tokenizer(path, tokenizer_type, tokenizer_path)
     if tokenizer.vocab.num_tokens > model.config.vocab_size:
         raise ValueError(f"the {tokenizer.vocab.name} vocabulary has {tokenizer.vocab.num_tokens} tokens, more than "
                          f"the model's {model.config.vocab_size}: pass the tokenizer it was trained with "
                          f"(--tokenizer-type/--tokenizer-path)")
+    tokenizer.load_note = note  # glm-generate prints it (one line) with its results
     return model, tokenizer
+
+
+def _check_tokenizer_beside(path) -> str | None:
+    """With no tokenizer named and none beside the weights: a Hugging Face directory (``config.json`` + weights)
+    is refused in one line, as transformers' ``AutoTokenizer`` refuses one without tokenizer files (its
+    vocabulary is unknown, and the built-in one would generate nonsense); glm-pretrain's saves and upstream's
+    ``mp_rank_XX`` checkpoints, which hold no vocabulary by design, get glm-pretrain's default, the built-in
+    vocabulary: the note returned says so (None: the directory has its tokenizer)."""
+    from glm_port.data.tokenization import DEFAULT_TOKENIZER
+    from glm_port.models.glm.weights import find_source
+
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    try:
+        GLMTokenizer.from_pretrained(directory)
+        return None
+    except FileNotFoundError:
+        pass
+    if find_source(path).kind == "hf":
+        raise ValueError(f"{path}: no tokenizer beside the weights (no vocabulary file or tokenizer_config.json): "
+                         f"name it with --tokenizer-path (and --tokenizer-type)")
+    return (f"{path} holds no tokenizer: used the built-in {DEFAULT_TOKENIZER} (glm-pretrain's default); name "
+            f"another with --tokenizer-type / --tokenizer-path")
 
 
 def load_tokenizer(path, tokenizer_type=None, tokenizer_path=None) -> GLMTokenizer:

@@ -17,6 +17,7 @@ GLM4_9B_CHAT = dict(
     num_layers=40, padded_vocab_size=151552, hidden_size=4096, ffn_hidden_size=13696, kv_channels=128,
     num_attention_heads=32, multi_query_group_num=2, seq_length=131072, layernorm_epsilon=1.5625e-07,
     rope_ratio=500, eos_token_id=[151329, 151336, 151338], pad_token_id=151329,
+    original_rope=True,  # unused by the math, but THUDM's modeling_chatglm.py reads it: its ChatGLMConfig has no default
 )
 
 

@@ -43,7 +43,7 @@ PREFIX_TOKENS = ("[gMASK]", "<sop>")
 
 # The system text GLM-4-9B-Chat was trained with for function calls (tokenizer_config.json's chat_template):
 # a preamble, a "# 可用工具" (available tools) header, per function "## name" + its JSON, and an instruction.
-TOOLS_PREAMBLE = ("你是一个名为 ChatGLM 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 模型开发的，"
+TOOLS_PREAMBLE = ("你是一个名为 GLM-4 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 模型开发的，"
                   "你的任务是针对用户的问题和要求提供适当的答复和支持。")
 TOOLS_HEADER = "\n\n# 可用工具"
 TOOL_INSTRUCTION = "\n在调用上述函数时，请使用 Json 格式表示调用的参数。"

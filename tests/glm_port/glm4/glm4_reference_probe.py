@@ -8,7 +8,7 @@ saved, its ``chat_template`` replaced by THUDM's when the test had one) and ``ca
 ``reference.json`` is written there: the specials' ids, ``vocab_size``, per text its ids with and without
 ``[gMASK]<sop>`` and the decode of the latter, a left-padded batch, and per conversation the ids of
 ``build_chat_input`` (the first published version has it) and of ``apply_chat_template`` (text and ids, when
-the directory has a template).
+the directory has a template), and ``build_single_message`` on each ``(role, metadata, content)`` of ``single``.
 """
 
 import json
@@ -36,10 +36,13 @@ for case in cases["chat"]:
         result["chat"].append(inputs["input_ids"][0].tolist())
     else:
         result["chat"].append(None)
+result["single"] = [tokenizer.build_single_message(*case) for case in cases["single"]]
 for messages in cases["messages"]:
-    if tokenizer.chat_template:
+    if tokenizer.chat_template or "apply_chat_template" in vars(type(tokenizer)):  # July 2024's had it in code
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if ids and isinstance(ids[0], list):  # THUDM's July 2024 apply_chat_template (in code) returns a batch of one
+            (ids,) = ids
         result["template"].append({"text": text, "input_ids": list(ids)})
     else:
         result["template"].append(None)

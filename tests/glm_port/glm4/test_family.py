@@ -56,6 +56,14 @@ def test_the_config_defaults_are_glm_4_9b_chats():
     assert config.add_qkv_bias and not config.add_bias_linear and config.model_type == "chatglm"
 
 
+def test_a_thudm_layout_config_json_holds_original_rope(dirs):
+    """THUDM's GLM-4 ``modeling_chatglm.py`` reads ``config.original_rope``, which its ``ChatGLMConfig`` does not
+    default (glm-4-9b-chat's config.json sets it true): a directory written in THUDM's layout must say it, or THUDM's
+    code cannot load it (AttributeError)."""
+    with open(f"{dirs['thudm']}/config.json", encoding="utf-8") as f:
+        assert json.load(f)["original_rope"] is True
+
+
 def test_both_layouts_load_to_the_same_logits(model, dirs):
     expected = model(IDS).logits
     for layout, directory in dirs.items():

@@ -149,6 +149,14 @@ def test_system_and_tools(tok):
     assert tok.decode(ids) == text and ids.count(_role(tok, "system")) == 2
 
 
+def test_the_tools_preamble_is_the_final_published_templates(tok):
+    """THUDM's glm-4-9b-chat tokenizer_config.json as last published names the assistant "GLM-4" in the tools
+    preamble (earlier versions: "ChatGLM", and "GhatGLM" in July 2024's in-code template); docs/glm4.md, "Facts"."""
+    text = tok.apply_chat_template(CONVERSATIONS["tools"], add_generation_prompt=True, tokenize=False)
+    assert text.startswith("[gMASK]<sop><|system|>\n你是一个名为 GLM-4 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 "
+                           "模型开发的，你的任务是针对用户的问题和要求提供适当的答复和支持。\n\n# 可用工具\n## get_weather\n")
+
+
 def test_observation_turn(tok):
     query, history, role = as_chat_input(CONVERSATIONS["observation"])
     assert role == "observation"

@@ -27,6 +27,24 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys, monkeypatch):
     assert err.startswith("glm-serve: error: ") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("spelling", ["bf16", "bfloat16"])
+def test_dtype_takes_either_spelling_as_every_command_does(spelling):
+    """glm-serve's ``--dtype`` is ``glm_port.dtypes``' (bf16 = bfloat16), as glm-generate's and glm-chat's."""
+    import torch
+
+    from glm_port.serve.engine import ServedModel
+
+    args = cli.build_parser().parse_args(["--dtype", spelling])
+    assert args.dtype == "bf16"
+    assert ServedModel.load(None, dtype=spelling).model.dtype == torch.bfloat16
+
+
+def test_an_unknown_dtype_is_argparses_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--dtype", "fp8"])
+    assert exit_.value.code == 2 and "unknown dtype 'fp8': choose fp32, bf16 or fp16" in capsys.readouterr().err
+
+
 def test_loopback_names():
     assert cli.is_loopback("127.0.0.1") and cli.is_loopback("::1") and cli.is_loopback("localhost")
     assert not cli.is_loopback("0.0.0.0") and not cli.is_loopback("10.0.0.1")
