@@ -106,9 +106,7 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
     from glm_port.distributed import tensor_parallel_size
 
     if path is None:
-        from glm_port.models.glm4.tiny import build_tiny
-
-        model, tokenizer = build_tiny()
+        model, tokenizer = _embedded(device)
     elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as ChatGLM2's)
         from glm_port.models.glm4.generation import load_split
         from glm_port.models.glm4.weights import check_directory
@@ -132,6 +130,30 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
     return model, tokenizer
+
+
+def _embedded(device):
+    """The embedded tiny GLM-4 and its tokenizer; under tensor parallelism each rank's slices of the one model a
+    single process builds (built whole outside the layout, then copied as ``load_split`` copies a directory's), so
+    a tensor-parallel run trains the same weights as one process."""
+    import torch
+
+    from shim.distributed import whole_layers
+
+    from glm_port.distributed import tensor_parallel_size
+    from glm_port.models.glm4.tiny import build_tiny
+
+    if tensor_parallel_size() == 1:
+        return build_tiny()
+    from glm_port.models.chatglm2.weights import load_tensor_parallel
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    with whole_layers():
+        whole, tokenizer = build_tiny()
+    with torch.random.fork_rng():  # the split model's own random init is overwritten: leave the RNG as one process
+        model = GLM4ForCausalLM(whole.config)
+    load_tensor_parallel(model, whole.state_dict())
+    return model.to(device=device).eval(), tokenizer
 
 
 def tokenizer_home(path):
