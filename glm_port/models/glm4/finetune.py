@@ -38,6 +38,7 @@ from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA
                                                collate, config_of, conversation_of, fingerprint, fit_lengths,
                                                generate, logits, lora_config, prompt_messages, role_conversation,
                                                role_prompt, save, save_base, save_prefix, save_tokenizer)
+from glm_port.models.glm4.ptuning import is_peft_directory
 from glm_port.models.glm4.tiny import NAME as EMBEDDED
 
 END_OF_CHAT = "<|user|>"  # finetune_demo's input_ids.append(151336): what closes a training conversation
@@ -125,11 +126,28 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         raise ValueError(f"the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({model.config.padded_vocab_size})")
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
-    attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    if ptuning_checkpoint is not None and is_peft_directory(ptuning_checkpoint):  # finetune_demo's PEFT prefix
+        _attach_peft_prefix(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    else:
+        attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
     if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
     return model, tokenizer
+
+
+def _attach_peft_prefix(model, pre_seq_len, prefix_projection, directory) -> None:
+    """The prefix of a PEFT prefix-tuning directory (THUDM's GLM-4 finetune_demo's, ``ptuning.read_peft_prefix``)
+    put on the frozen model to train on: its embedding as it is, no projection."""
+    from glm_port.models import WeightsError
+    from glm_port.models.chatglm2.model import attach_prefix
+    from glm_port.models.glm4.ptuning import read_peft_prefix
+
+    if prefix_projection:
+        raise WeightsError(f"--prefix_projection: {directory} is a PEFT prefix, saved as the prefix's keys and values "
+                           f"(no projection)")
+    config, state = read_peft_prefix(directory, model.config, pre_seq_len)
+    attach_prefix(model, config.pre_seq_len, False, None, {k: v.float() for k, v in state.items()})
 
 
 def _embedded(device):

@@ -22,9 +22,10 @@ import torch
 
 from glm_port.models import WeightsError
 from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, default_dtype, read_config_json,
-                                              read_ptuning_checkpoint, tensor_parallel_checkpoint)
+                                              tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
+from glm_port.models.glm4.ptuning import read_ptuning_checkpoint  # THUDM's layout or finetune_demo's PEFT directory
 
 
 def shard_source(directory):
