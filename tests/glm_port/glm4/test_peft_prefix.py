@@ -61,7 +61,7 @@ def peft_logits(base, directory):
     ``PeftModelForCausalLM.forward`` runs it for prefix tuning (``past_key_values`` = PEFT's ``get_prompt``, the
     attention mask opened over the virtual tokens), with the tokens numbered from 0 as THUDM's GLM-4
     ``ChatGLMModel`` numbers them when given no ``position_ids`` (finetune_demo's training). (``PeftModel.forward``
-    itself, from PEFT 0.15 or so, adds ``num_virtual_tokens`` to ``position_ids`` passed to it, which THUDM's model
+    itself (PEFT 0.21, installed here) adds ``num_virtual_tokens`` to ``position_ids`` passed to it, which THUDM's model
     never sees in training; so the base is called here with PEFT's cache rather than through that offset.)"""
     from peft import PeftModel
 
