@@ -38,6 +38,7 @@ from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA
                                                collate, config_of, conversation_of, fingerprint, fit_lengths,
                                                generate, logits, lora_config, prompt_messages, role_conversation,
                                                role_prompt, save, save_base, save_prefix, save_tokenizer)
+from glm_port.models.glm4.detect import ARCHITECTURE
 from glm_port.models.glm4.ptuning import is_peft_directory
 from glm_port.models.glm4.tiny import NAME as EMBEDDED
 
@@ -126,6 +127,9 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         raise ValueError(f"the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({model.config.padded_vocab_size})")
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    # What glm-finetune records of the model (save_pretrained's config.json, and the config its tensor-parallel
+    # shards carry) names GLM-4's class, so those shards are GLM-4's with no tokenizer beside them (detect.is_glm4).
+    model.config.architectures = [ARCHITECTURE]
     if ptuning_checkpoint is not None and is_peft_directory(ptuning_checkpoint):  # finetune_demo's PEFT prefix
         _attach_peft_prefix(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
     else:
