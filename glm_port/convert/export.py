@@ -108,6 +108,8 @@ def export(model_name_or_path, output_path, *, lora_path=None, dtype: str = "flo
     if quantize is not None and family.hf is not None:
         raise ConvertError(f"--quantize {quantize}: glm-export writes quantized weights for ChatGLM2 only (THUDM's "
                            f"layout); quantize a GLM at load with glm-generate --quantize")
+    if quantize is not None:  # a layout with no quantized form says so before anything is read
+        family.binding("convert").check_quantize(quantize)
     if family.hf is None:  # kept in its own layout: its weights and convert bindings
         return export_own_layout(family, source, out, lora, target, tokenizer_type=tokenizer_type,
                                  tokenizer_path=tokenizer_path, overwrite=overwrite,

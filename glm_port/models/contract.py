@@ -117,6 +117,9 @@ class ConvertBinding(Protocol):
 
     def tokenizer_for(self, src, source, tokenizer_path): ...
 
+    def check_quantize(self, mode: str) -> None:
+        """Before anything is read: a ``WeightsError`` (one line) when the family's layout has no quantized form."""
+
     def quantize_checkpoint(self, state: dict, config, mode: str) -> tuple[dict, Any]:
         """``(state, config)`` with the weights quantized as the family's layout stores them."""
 

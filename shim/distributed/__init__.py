@@ -64,6 +64,7 @@ from shim.distributed.layout import (  # noqa: F401 (exported)
     set_pipeline_num_layers,
     setup_dist_util,
     setup_layout,
+    whole_layers,
 )
 
 

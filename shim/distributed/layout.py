@@ -23,6 +23,7 @@ LiBai calls the layout ``dist_util`` and a layer's mesh its *placement*; its nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ __all__ = [
     "reset_layout",
     "set_pipeline_num_layers",
     "setup_layout",
+    "whole_layers",
     "world_size",
     # LiBai's names
     "get_dist_util",
@@ -211,6 +213,18 @@ def reset_layout() -> None:
     """Forget the layout (the process group stays)."""
     global _layout
     _layout = None
+
+
+@contextlib.contextmanager
+def whole_layers():
+    """Modules built inside are whole (unsplit), as in one process, though a layout is set; the layout is back
+    after. For a rank that needs a model's full tensors, e.g. to copy its own slices out of them."""
+    global _layout
+    saved, _layout = _layout, None
+    try:
+        yield
+    finally:
+        _layout = saved
 
 
 def set_pipeline_num_layers(num_layers: int) -> ParallelLayout:

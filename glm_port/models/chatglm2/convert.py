@@ -335,6 +335,11 @@ def _write_config_and_tokenizer(config, dtype, tokenizer, directory, architectur
     tokenizer.save_pretrained(directory)
 
 
+def check_quantize(mode: str) -> None:
+    """glm-export ``--quantize``, before anything is read: ChatGLM2's layout stores both int8 and int4 (THUDM's
+    ``quantization.py``), so nothing is refused."""
+
+
 def quantize_checkpoint(state: dict, config, mode: str) -> tuple[dict, ChatGLM2Config]:
     """``(state, config)`` with the layers' four linears quantized as THUDM's ``quantization.py`` stores them
     (``shim.nn.quantized.quantize_thudm``: int8, or int4 packed two a byte; a ``weight_scale`` a row in the

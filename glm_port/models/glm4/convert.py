@@ -21,7 +21,7 @@ published whole or not at all), with GLM-4's tokenizer (``tokenizer.model`` + ``
 - ``merge_checkpoint``: glm-finetune ``--tensor_parallel_degree``'s shards (merged by ChatGLM2's split plan,
   ``weights.shard_source``), or a GLM-4 directory in either layout (transformers' is written back in THUDM's).
 - ``save_checkpoint``: glm-export's writer, the model with its LoRA adapter folded in.
-- ``quantize_checkpoint``: refused in one line: THUDM's GLM-4 directories carry no quantized layout (no
+- ``check_quantize`` (and ``quantize_checkpoint``): refused in one line, before glm-export reads anything: THUDM's GLM-4 directories carry no quantized layout (no
   ``quantization_bit`` weights); quantize at load (``glm-generate --quantize``).
 """
 
@@ -170,10 +170,16 @@ def merge_checkpoint(src, dst, *, dtype=None, tokenizer_path=None, overwrite=Fal
                         overwrite=overwrite, max_shard_size=max_shard_size)
 
 
-def quantize_checkpoint(state: dict, config, mode: str):
-    """glm-export ``--quantize``: refused in one line (GLM-4's directories have no quantized layout)."""
+def check_quantize(mode: str) -> None:
+    """glm-export ``--quantize``, before anything is read: refused in one line (GLM-4's directories have no
+    quantized layout)."""
     raise WeightsError(f"--quantize {mode}: glm-export writes quantized weights in THUDM's ChatGLM2 layout only; "
                        f"GLM-4's directories hold float weights: quantize a GLM-4 at load with glm-generate --quantize")
+
+
+def quantize_checkpoint(state: dict, config, mode: str):
+    """glm-export ``--quantize``: refused in one line (``check_quantize``)."""
+    check_quantize(mode)
 
 
 def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = False, inputs=(), **options) -> dict:
@@ -186,5 +192,5 @@ def save_checkpoint(state: dict, config, tokenizer, dst, *, overwrite: bool = Fa
                              model_class=GLM4ForCausalLM, **options)
 
 
-__all__ = ["TRANSFORMERS_MODEL_TYPES", "fast_tokenizer", "from_transformers", "merge_checkpoint",
+__all__ = ["TRANSFORMERS_MODEL_TYPES", "check_quantize", "fast_tokenizer", "from_transformers", "merge_checkpoint",
            "quantize_checkpoint", "save_checkpoint", "to_transformers", "tokenizer_for"]

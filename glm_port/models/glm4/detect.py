@@ -4,7 +4,9 @@ THUDM's GLM-4 directories say ``model_type: chatglm``, as ChatGLM2's and ChatGLM
 ``GlmForCausalLM`` directories (glm-4-9b-chat-hf) say ``glm``, as THUDM's original GLM-10b does. The files
 tell them apart: GLM-4's ``tokenizer.model`` is a tiktoken rank file (ChatGLM2's is a sentencepiece model),
 its ``tokenizer_config.json`` names ``ChatGLM4Tokenizer`` (or glm_port's ``GLM4Tokenizer``), a
-``tokenizer.json`` holds GLM-4's ``<sop>`` / ``<|endoftext|>`` specials, or the vocabulary is GLM-4's 151552.
+``tokenizer.json`` holds GLM-4's ``<sop>`` / ``<|endoftext|>`` specials, or the vocabulary is GLM-4's 151552; and
+what glm_port itself writes for a GLM-4 names ``GLM4ForCausalLM`` in ``architectures`` (its tensor-parallel shards'
+config too, so they are GLM-4's with no tokenizer beside them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 from pathlib import Path
 
 GLM4_VOCAB = 151552
+ARCHITECTURE = "GLM4ForCausalLM"  # what glm_port writes as a GLM-4's architectures (config.json, shards' configs)
 TOKENIZER_CLASSES = ("ChatGLM4Tokenizer", "GLM4Tokenizer")
 _RANK_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} \d+\r?\n?$")
 
@@ -61,7 +64,14 @@ def tokenizer_says_glm4(directory) -> bool | None:
 
 
 def is_glm4(directory, config: dict) -> bool:
-    """Whether the model directory (its parsed ``config.json``: ``config``) is GLM-4's."""
+    """Whether the model directory (its parsed ``config.json``: ``config``) is GLM-4's. A ``chatglm`` config naming
+    ``GLM4ForCausalLM`` in its ``architectures`` is (glm_port writes that for GLM-4 only: glm-merge's, glm-export's
+    and glm-finetune's directories, and the config glm-finetune's tensor-parallel shards carry); other ``chatglm``
+    configs (THUDM's say ``ChatGLMModel`` for GLM-4 and ChatGLM2 alike) are told by their tokenizer files, or,
+    with none, by the vocabulary."""
+    architectures = config.get("architectures")
+    if config.get("model_type") == "chatglm" and isinstance(architectures, list) and ARCHITECTURE in architectures:
+        return True
     if config.get("model_type") == "chatglm":
         vocab = config.get("padded_vocab_size")
     elif is_transformers_glm(config):
@@ -72,5 +82,5 @@ def is_glm4(directory, config: dict) -> bool:
     return says if says is not None else vocab == GLM4_VOCAB
 
 
-__all__ = ["GLM4_VOCAB", "TOKENIZER_CLASSES", "is_glm4", "is_rank_file", "is_transformers_glm",
+__all__ = ["ARCHITECTURE", "GLM4_VOCAB", "TOKENIZER_CLASSES", "is_glm4", "is_rank_file", "is_transformers_glm",
            "tokenizer_says_glm4"]

@@ -38,6 +38,8 @@ from glm_port.models.chatglm2.finetune import (IGNORE_INDEX, LORA_DEFAULTS, LORA
                                                collate, config_of, conversation_of, fingerprint, fit_lengths,
                                                generate, logits, lora_config, prompt_messages, role_conversation,
                                                role_prompt, save, save_base, save_prefix, save_tokenizer)
+from glm_port.models.glm4.detect import ARCHITECTURE
+from glm_port.models.glm4.ptuning import is_peft_directory
 from glm_port.models.glm4.tiny import NAME as EMBEDDED
 
 END_OF_CHAT = "<|user|>"  # finetune_demo's input_ids.append(151336): what closes a training conversation
@@ -106,9 +108,7 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
     from glm_port.distributed import tensor_parallel_size
 
     if path is None:
-        from glm_port.models.glm4.tiny import build_tiny
-
-        model, tokenizer = build_tiny()
+        model, tokenizer = _embedded(device)
     elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as ChatGLM2's)
         from glm_port.models.glm4.generation import load_split
         from glm_port.models.glm4.weights import check_directory
@@ -127,11 +127,55 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         raise ValueError(f"the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({model.config.padded_vocab_size})")
     model = model.to(device=device, dtype=next(model.parameters()).dtype)
-    attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    # What glm-finetune records of the model (save_pretrained's config.json, and the config its tensor-parallel
+    # shards carry) names GLM-4's class, so those shards are GLM-4's with no tokenizer beside them (detect.is_glm4).
+    model.config.architectures = [ARCHITECTURE]
+    if ptuning_checkpoint is not None and is_peft_directory(ptuning_checkpoint):  # finetune_demo's PEFT prefix
+        _attach_peft_prefix(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
+    else:
+        attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
     if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
     return model, tokenizer
+
+
+def _attach_peft_prefix(model, pre_seq_len, prefix_projection, directory) -> None:
+    """The prefix of a PEFT prefix-tuning directory (THUDM's GLM-4 finetune_demo's, ``ptuning.read_peft_prefix``)
+    put on the frozen model to train on: its embedding as it is, no projection."""
+    from glm_port.models import WeightsError
+    from glm_port.models.chatglm2.model import attach_prefix
+    from glm_port.models.glm4.ptuning import read_peft_prefix
+
+    if prefix_projection:
+        raise WeightsError(f"--prefix_projection: {directory} is a PEFT prefix, saved as the prefix's keys and values "
+                           f"(no projection)")
+    config, state = read_peft_prefix(directory, model.config, pre_seq_len)
+    attach_prefix(model, config.pre_seq_len, False, None, {k: v.float() for k, v in state.items()})
+
+
+def _embedded(device):
+    """The embedded tiny GLM-4 and its tokenizer; under tensor parallelism each rank's slices of the one model a
+    single process builds (built whole outside the layout, then copied as ``load_split`` copies a directory's), so
+    a tensor-parallel run trains the same weights as one process."""
+    import torch
+
+    from shim.distributed import whole_layers
+
+    from glm_port.distributed import tensor_parallel_size
+    from glm_port.models.glm4.tiny import build_tiny
+
+    if tensor_parallel_size() == 1:
+        return build_tiny()
+    from glm_port.models.chatglm2.weights import load_tensor_parallel
+    from glm_port.models.glm4.model import GLM4ForCausalLM
+
+    with whole_layers():
+        whole, tokenizer = build_tiny()
+    with torch.random.fork_rng():  # the split model's own random init is overwritten: leave the RNG as one process
+        model = GLM4ForCausalLM(whole.config)
+    load_tensor_parallel(model, whole.state_dict())
+    return model.to(device=device).eval(), tokenizer
 
 
 def tokenizer_home(path):

@@ -23,10 +23,11 @@ import torch
 
 from glm_port.models import WeightsError
 from glm_port.models.glm4.adapter import ADAPTER, from_glm_plan
-from glm_port.models.chatglm2.weights import (default_dtype, open_hf, read_config_json, read_ptuning_checkpoint,
+from glm_port.models.chatglm2.weights import (default_dtype, open_hf, read_config_json,
                                               tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
+from glm_port.models.glm4.ptuning import read_ptuning_checkpoint  # THUDM's layout or finetune_demo's PEFT directory
 
 
 def shard_source(directory):

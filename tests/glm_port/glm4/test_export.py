@@ -101,3 +101,25 @@ def test_what_glm_export_cannot_write_for_glm4_is_one_line_exit_2_nothing_writte
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("glm-export: error: ") and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_glm_export_quantize_on_glm4_is_refused_before_the_model_or_tokenizer_is_read(finetuned, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """--quantize on a GLM-4 directory is one line before loading (it used to be said after the whole model had been
+    read and the LoRA folded in): the family's loader, weight reader and tokenizer reader are never called."""
+    from glm_port.models.glm4 import convert, weights
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("glm-export loaded the model before refusing --quantize")
+
+    for module, name in ((weights, "load_pretrained"), (weights, "open_weights"), (convert, "tokenizer_for")):
+        monkeypatch.setattr(module, name, must_not_load)
+    base, adapter = finetuned
+    with pytest.raises(SystemExit) as stop:
+        export_main(["--model_name_or_path", str(base), "--lora_path", str(adapter), "--output_path",
+                     str(tmp_path / "out"), "--quantize", "int4"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--quantize int4: glm-export writes quantized weights in THUDM's ChatGLM2 layout only" \
+        in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -129,6 +129,11 @@ def test_the_detector_tells_glm4_from_chatglm2_and_glm(tmp_path, dirs):
     assert family_at(bare).name == "chatglm2"
     GLM4Config().save_pretrained(bare)
     assert family_at(bare).name == "glm4"
+    small = tmp_path / "small"  # no tokenizer files, a small vocabulary: the class glm_port names a GLM-4 by tells
+    ChatGLM2Config(padded_vocab_size=1024, architectures=["ChatGLMModel"]).save_pretrained(small)
+    assert family_at(small).name == "chatglm2"  # THUDM's name, ChatGLM2's and GLM-4's alike
+    GLM4Config(padded_vocab_size=1024, architectures=["GLM4ForCausalLM"]).save_pretrained(small)
+    assert family_at(small).name == "glm4"
     thudm_config = tmp_path / "named"  # THUDM's tokenizer_config.json names ChatGLM4Tokenizer
     ChatGLM2Config(padded_vocab_size=1024).save_pretrained(thudm_config)
     (thudm_config / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ChatGLM4Tokenizer"}))

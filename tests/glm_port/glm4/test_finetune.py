@@ -279,6 +279,37 @@ def test_tensor_parallel_2_finetunes_glm4_as_one_process_and_its_shards_merge(ba
                                        msg=str(directory))
 
 
+def test_tensor_parallel_2_finetunes_the_embedded_glm4_tiny_as_one_process(data, tmp_path, capsys):
+    """--model_name_or_path glm4-tiny at --tensor_parallel_degree 2: each rank holds its slices of the one model a
+    single process builds (it used to build each rank's shards at random, so the losses were another model's), the
+    losses are one process's (1e-4), and the shards saved load to the logits of the model one process saved. The
+    shards' config names GLM4ForCausalLM, so they are GLM-4's with no tokenizer beside them (the tiny vocabulary is
+    not GLM-4's 151552: they used to be taken for ChatGLM2's)."""
+    import shutil
+
+    argv = ["--model_name_or_path", "glm4-tiny", "--do_train", "--train_file", str(data), "--do_eval", "false",
+            "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "1e-2", "--per_device_train_batch_size",
+            "8", "--src_length", "24", "--tgt_length", "16"]
+    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")])
+    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
+    parallel, single = _losses(log), _losses(capsys.readouterr().out)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    generation = FAMILIES["glm4"].binding("generation")
+    ids = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7]])
+    with torch.no_grad():
+        expected = generation.load(tmp_path / "one" / "final")[0](ids).logits
+        torch.testing.assert_close(generation.load(tmp_path / "tp" / "final")[0](ids).logits, expected, rtol=1e-4,
+                                   atol=1e-4)
+    alone = tmp_path / "alone"
+    shutil.copytree(tmp_path / "tp" / "final" / "4", alone / "4")
+    (alone / "latest_checkpointed_iteration.txt").write_text("4")
+    assert not list(alone.glob("tokenizer*"))
+    for path in (alone, alone / "4", alone / "4" / "mp_rank_00_model_states.pt"):
+        assert family_at(path).name == "glm4", path
+
+
 def test_tensor_parallel_2_lora_on_glm4_trains_as_one_process_and_saves_the_whole_adapter(base, data, tmp_path,
                                                                                            capsys):
     """LoRA on GLM-4's split query_key_value ([Q heads | K groups | V groups]), dense_h_to_4h ([gate | up]) and
