@@ -212,9 +212,10 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         tokenizer_path = Path(tokenizer_path)
         tokenizer = load_tokenizer(tokenizer_path.parent if tokenizer_path.is_file() else tokenizer_path)
     if path is None:
+        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
         from glm_port.models.chatglm2.tiny import build_tiny
 
-        model, tiny_tokenizer = build_tiny()
+        model, tiny_tokenizer = embedded_model(build_tiny, ChatGLM2ForCausalLM, device)
         tokenizer = tiny_tokenizer if tokenizer_path is None else tokenizer
     else:
         from glm_port.models.chatglm2.weights import load_pretrained
@@ -238,6 +239,28 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
     return model, tokenizer
+
+
+def embedded_model(build_tiny, model_class, device):
+    """``(model, tokenizer)``: an embedded tiny model of ChatGLM2's network (``build_tiny``, ``model_class``: the
+    family's); under tensor parallelism each rank's slices of the one model a single process builds (built whole
+    outside the layout, then copied as ``load_split`` copies a directory's), so a tensor-parallel run trains the
+    same weights as one process."""
+    import torch
+
+    from shim.distributed import whole_layers
+
+    from glm_port.distributed import tensor_parallel_size
+    from glm_port.models.chatglm2.weights import load_tensor_parallel
+
+    if tensor_parallel_size() == 1:
+        return build_tiny()
+    with whole_layers():
+        whole, tokenizer = build_tiny()
+    with torch.random.fork_rng():  # the split model's own random init is overwritten: leave the RNG as one process
+        model = model_class(whole.config)
+    load_tensor_parallel(model, whole.state_dict())
+    return model.to(device=device).eval(), tokenizer
 
 
 def attach_ptuning(model, pre_seq_len: int | None = None, prefix_projection: bool = False, ptuning_checkpoint=None):

@@ -155,27 +155,13 @@ def _attach_peft_prefix(model, pre_seq_len, prefix_projection, directory) -> Non
 
 
 def _embedded(device):
-    """The embedded tiny GLM-4 and its tokenizer; under tensor parallelism each rank's slices of the one model a
-    single process builds (built whole outside the layout, then copied as ``load_split`` copies a directory's), so
-    a tensor-parallel run trains the same weights as one process."""
-    import torch
-
-    from shim.distributed import whole_layers
-
-    from glm_port.distributed import tensor_parallel_size
+    """The embedded tiny GLM-4 and its tokenizer (``chatglm2.finetune.embedded_model``: under tensor parallelism
+    each rank's slices of the one model a single process builds)."""
+    from glm_port.models.chatglm2.finetune import embedded_model
+    from glm_port.models.glm4.model import GLM4ForCausalLM
     from glm_port.models.glm4.tiny import build_tiny
 
-    if tensor_parallel_size() == 1:
-        return build_tiny()
-    from glm_port.models.chatglm2.weights import load_tensor_parallel
-    from glm_port.models.glm4.model import GLM4ForCausalLM
-
-    with whole_layers():
-        whole, tokenizer = build_tiny()
-    with torch.random.fork_rng():  # the split model's own random init is overwritten: leave the RNG as one process
-        model = GLM4ForCausalLM(whole.config)
-    load_tensor_parallel(model, whole.state_dict())
-    return model.to(device=device).eval(), tokenizer
+    return embedded_model(build_tiny, GLM4ForCausalLM, device)
 
 
 def tokenizer_home(path):
