@@ -247,3 +247,42 @@ def unsharded_twin(model, state: dict):
             source = model.get_buffer(name)
             twin.get_submodule(owner).register_buffer(leaf, source.detach().cpu().clone(), persistent=False)
     return twin.eval()
+
+
+# ---- a sharded model filled from rank 0's weights (every other rank builds it on the meta device) ----------
+
+
+def non_persistent_buffers(model) -> list[str]:
+    """The names of ``model``'s buffers that its state dict leaves out (rotary ``inv_freq`` and the like)."""
+    kept = set(model.state_dict(keep_vars=True))
+    return [name for name, _ in model.named_buffers() if name not in kept]
+
+
+def shard_from_rank0(model, sharding: Sharding, param_dtype=None, device="cpu"):
+    """``shard_model`` for a model held whole on global rank 0 alone, built on the meta device on every other rank
+    (nothing read, nothing allocated): every rank's FSDP2 units are made, the other ranks' shards allocated
+    (``to_empty``) and filled from rank 0's weights by torch's
+    ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`` (rank 0 broadcasts the tensors one by
+    one, each rank keeps its shard); the non-persistent buffers, outside the state dict, are broadcast from rank 0
+    likewise. Collective. No rank but 0 ever holds more of the model than its shards and one tensor in flight."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank0 = dist.get_rank() == 0
+    state = dict(model.state_dict()) if rank0 else {}  # rank 0's whole tensors, kept while the model is sharded
+    buffers = non_persistent_buffers(model)
+    shard_model(model, sharding, param_dtype)
+    if not rank0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del state
+    with torch.no_grad():
+        for name in buffers:
+            dist.broadcast(model.get_buffer(name), src=0)
+    return model
+
+
+def broadcast_from_rank0(value):
+    """A picklable ``value`` as global rank 0 holds it, on every rank (collective)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -368,22 +368,34 @@ def setup(args) -> Session:
     ptuning = bool(_ptuning_flag(args))
     prefix = dict(pre_seq_len=args.pre_seq_len, prefix_projection=args.prefix_projection,
                   ptuning_checkpoint=args.ptuning_checkpoint) if ptuning else {}
+    full = not (args.lora or args.lora_path or ptuning)
+    # Sharded full finetune (no tensor parallel): rank 0 alone reads the weights; every other rank builds the model
+    # on the meta device and gets its shards from rank 0 (``shard_from_rank0``), never the whole model.
+    from_rank0 = env.sharding is not None and env.tp_size == 1 and full
+    meta = {"meta": True} if from_rank0 and not env.is_main else {}
     try:
-        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix)
+        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix,
+                                       **meta)
     except FileNotFoundError as error:  # no vocabulary recorded beside the weights
         if tokenizer_path is not None:
             raise
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
     _fit_lengths(args, binding, base, env.is_main)
-    full = not (args.lora or args.lora_path or ptuning)
     save_dtype = None
     if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
         held = master_weights(base)
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full or ptuning else apply_lora(args, base)
-    if env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
+    if from_rank0:  # the other ranks' models are on meta: rank 0's dtype and random state (an embedded model's
+        from glm_port.sharding import broadcast_from_rank0, shard_from_rank0  # init drew from it) for all
+
+        save_dtype, rng = broadcast_from_rank0((save_dtype, torch.get_rng_state()))
+        torch.set_rng_state(rng)
+        model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device)
+    elif env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
         model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)
+    if env.sharding is not None:
         if env.is_main:
             mode = f"hybrid, {env.dp_size // env.sharding.degree} replicas of " if env.sharding.hybrid else ""
             print(f" > --sharding stage{env.sharding.stage}: FSDP2 over {mode}{env.sharding.degree} ranks",
