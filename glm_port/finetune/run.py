@@ -369,13 +369,17 @@ def setup(args) -> Session:
     prefix = dict(pre_seq_len=args.pre_seq_len, prefix_projection=args.prefix_projection,
                   ptuning_checkpoint=args.ptuning_checkpoint) if ptuning else {}
     full = not (args.lora or args.lora_path or ptuning)
-    # Sharded full finetune (no tensor parallel): rank 0 alone reads the weights; every other rank builds the model
-    # on the meta device and gets its shards from rank 0 (``shard_from_rank0``), never the whole model.
+    # Sharded full finetune (no tensor parallel): every rank builds the model on the meta device, rank 0 alone
+    # reads the weights (on the CPU) and every rank gets its shards from it (``shard_from_rank0``): no rank but 0
+    # ever holds the whole model, and no device does.
     from_rank0 = env.sharding is not None and env.tp_size == 1 and full
-    meta = {"meta": True} if from_rank0 and not env.is_main else {}
+    whole = rng = None
     try:
+        if from_rank0 and env.is_main:
+            whole, _ = binding.load(source, "cpu", args.recompute, tokenizer_path=tokenizer_path)
+            rng = torch.get_rng_state()  # as an embedded model's random init left it, for every rank below
         base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix,
-                                       **meta)
+                                       **({"meta": True} if from_rank0 else {}))
     except FileNotFoundError as error:  # no vocabulary recorded beside the weights
         if tokenizer_path is not None:
             raise
@@ -383,16 +387,22 @@ def setup(args) -> Session:
     _fit_lengths(args, binding, base, env.is_main)
     save_dtype = None
     if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
-        held = master_weights(base)
+        held = master_weights(base if whole is None else whole)
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full or ptuning else apply_lora(args, base)
-    if from_rank0:  # the other ranks' models are on meta: rank 0's dtype and random state (an embedded model's
-        from glm_port.sharding import broadcast_from_rank0, shard_from_rank0  # init drew from it) for all
+    if from_rank0:  # rank 0's weights, dtype and random state for every rank
+        from glm_port.sharding import broadcast_from_rank0, shard_from_rank0
 
-        save_dtype, rng = broadcast_from_rank0((save_dtype, torch.get_rng_state()))
+        held = next((p.dtype for p in whole.parameters() if p.is_floating_point()), None) \
+            if whole is not None else None
+        save_dtype, rng, held = broadcast_from_rank0((save_dtype, rng, held))
         torch.set_rng_state(rng)
-        model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device)
+        if held is not None and held != torch.float32:  # not trained: the weights stay in the dtype loaded
+            model.to(held)
+        model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device,
+                                        whole=whole)
+        del whole
     elif env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
         model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)
     if env.sharding is not None:

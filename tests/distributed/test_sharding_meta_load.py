@@ -110,22 +110,26 @@ def check_non_persistent_buffers_come_from_rank0():
 
     env = ParallelEnv.from_environment(sharding_stage=3)
     try:
-        if dist.get_rank() == 0:
-            torch.manual_seed(0)
-            model = _Rotary()
-            expected = model.inv_freq.clone()
-        else:
-            with torch.device("meta"):
-                model = _Rotary()
-        assert non_persistent_buffers(model) == ["inv_freq"]
-        shard_from_rank0(model, env.sharding)
-        gathered = [None, None]
-        dist.all_gather_object(gathered, (model.inv_freq, [p.full_tensor() for p in model.parameters()]))
-        torch.testing.assert_close(gathered[1][0], gathered[0][0], rtol=0, atol=0)
-        if dist.get_rank() == 0:
-            torch.testing.assert_close(gathered[0][0], expected, rtol=0, atol=0)
-        for mine, rank0 in zip(gathered[1][1], gathered[0][1]):
-            torch.testing.assert_close(mine, rank0, rtol=0, atol=0)
+        for rank0_on_meta in (False, True):  # rank 0's loaded model sharded itself, or its weights (``whole``)
+            whole = None
+            if dist.get_rank() == 0:
+                torch.manual_seed(0)
+                whole = _Rotary()
+                expected = [whole.inv_freq.clone(), *(p.detach().clone() for p in whole.parameters())]
+            if dist.get_rank() == 0 and not rank0_on_meta:
+                model, whole = whole, None
+            else:
+                with torch.device("meta"):
+                    model = _Rotary()
+            assert non_persistent_buffers(model) == ["inv_freq"]
+            shard_from_rank0(model, env.sharding, whole=whole)
+            held = [model.inv_freq, *(p.full_tensor() for p in model.parameters())]
+            gathered = [None, None]
+            dist.all_gather_object(gathered, held)
+            if dist.get_rank() == 0:
+                for rank in (0, 1):
+                    for tensor, value in zip(gathered[rank], expected, strict=True):
+                        torch.testing.assert_close(tensor, value, rtol=0, atol=0)
     finally:
         sdist.reset_layout()
 
