@@ -189,6 +189,20 @@ def measure_load(args, world: int, directory: str) -> list[dict]:
         return [json.load(open(os.path.join(out_dir, f"{r}.json"))) for r in range(world)]
 
 
+def estimated_load_bytes(args, world: int, import_bytes: int = 400 * MIB) -> int:
+    """What ``world`` ranks' loads need together, fp32: rank 0 (or the one process) the whole model twice (its
+    read copy and the sharded or loaded one, checkpoint conversions included), each other rank its 1/N and the
+    largest tensor in flight; each rank the interpreter."""
+    from glm_port.models.chatglm2.config import ChatGLM2Config
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+
+    with torch.device("meta"):
+        model = ChatGLM2ForCausalLM(ChatGLM2Config(**_chatglm2_overrides(args)))
+    sizes = [p.numel() for p in model.parameters()]
+    whole, largest = 4 * sum(sizes), 4 * max(sizes)
+    return world * import_bytes + 2 * whole + (world - 1) * (whole // world + largest)
+
+
 def main_load(args) -> None:
     print(f"glm-finetune's load: ChatGLM2 hidden {args.hidden}, {args.heads} heads ({CHATGLM2_KV_GROUPS} key/value "
           f"groups), ffn {args.ffn or 4 * args.hidden}, {args.layers} layers, vocabulary {args.vocab}; checkpoint in "
@@ -196,6 +210,11 @@ def main_load(args) -> None:
     print("| ranks | rank | params MiB | peak RSS MiB | RSS rise MiB |")
     print("| --- | --- | --- | --- | --- |")
     results = {}
+    free = available_bytes()
+    if free is not None and 3 * estimated_load_bytes(args, 1, 0) // 2 > 0.9 * free and not args.force:
+        print(f"the checkpoint: skipped: writing it would need about {3 * estimated_load_bytes(args, 1, 0) // 2 / MIB:.0f}"
+              f" MiB, {free / MIB:.0f} MiB is available (fewer --layers, a smaller --vocab, or --force)", flush=True)
+        return
     with tempfile.TemporaryDirectory() as directory:
         writer = mp.get_context("fork").Process(target=_write_checkpoint, args=(args, directory))
         writer.start()
@@ -203,6 +222,11 @@ def main_load(args) -> None:
         if writer.exitcode:
             raise SystemExit(f"writing the checkpoint failed (exit status {writer.exitcode})")
         for world in args.ranks:
+            need, free = estimated_load_bytes(args, world), available_bytes()
+            if free is not None and need > 0.9 * free and not args.force:
+                print(f"{world} ranks: skipped: they would need about {need / MIB:.0f} MiB, {free / MIB:.0f} MiB is "
+                      "available (fewer --layers, a smaller --vocab, or --force)", flush=True)
+                continue
             rows = results[world] = measure_load(args, world, directory)
             for row in rows:
                 print(f"| {world} | {row['rank']} | {row['param_bytes'] / MIB:.0f} | {row['peak_rss'] / MIB:.0f} | "
