@@ -293,3 +293,10 @@ def broadcast_from_rank0(value):
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def every_rank(flag: bool) -> bool:
+    """True when ``flag`` is true on every rank (collective)."""
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)

@@ -380,10 +380,15 @@ def setup(args) -> Session:
             rng = torch.get_rng_state()  # as an embedded model's random init left it, for every rank below
         base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix,
                                        **({"meta": True} if from_rank0 else {}))
-    except FileNotFoundError as error:  # no vocabulary recorded beside the weights
-        if tokenizer_path is not None:
+    except BaseException as error:
+        if from_rank0:  # the ranks wait for each other below: this one's failure stops them all
+            _all_ranks_loaded(False)
+        if not isinstance(error, FileNotFoundError) or tokenizer_path is not None:
             raise
+        # no vocabulary recorded beside the weights
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
+    if from_rank0 and not _all_ranks_loaded(True):
+        raise FinetuneError("the model did not load on another rank (its log says why)")
     _fit_lengths(args, binding, base, env.is_main)
     save_dtype = None
     if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
@@ -415,6 +420,13 @@ def setup(args) -> Session:
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home, save_dtype, ptuning)
+
+
+def _all_ranks_loaded(loaded: bool) -> bool:
+    """Whether every rank loaded its model (collective: each rank says whether it did)."""
+    from glm_port.sharding import every_rank
+
+    return every_rank(loaded)
 
 
 def master_weights(model) -> torch.dtype | None:

@@ -94,6 +94,31 @@ def check_rank_other_than_0_never_holds_the_whole_model():
         sdist.reset_layout()
 
 
+def check_a_load_failing_on_rank_0_stops_every_rank():
+    """Rank 0 fails reading the weights, rank 1 (which reads none) stops with one line instead of waiting."""
+    import shim.distributed as sdist
+    from glm_port.finetune.run import FinetuneError, parse_args, setup
+    from glm_port.models import WeightsError
+    from glm_port.models.chatglm2 import weights
+
+    directory = Path(os.environ[DIRECTORY])
+    args = parse_args(["--model_name_or_path", str(directory / "base"), "--do_train", "--train_file",
+                       str(directory / "train.json"), "--sharding", "stage3", "--output_dir", str(directory / "out")])
+    read = weights.load_pretrained
+    if dist.get_rank() == 0:
+        def broken(*_, **__):
+            raise WeightsError("unreadable")
+        weights.load_pretrained = broken
+    try:
+        with pytest.raises(WeightsError if dist.get_rank() == 0 else FinetuneError) as raised:
+            setup(args)
+        if dist.get_rank() == 1:
+            assert str(raised.value) == "the model did not load on another rank (its log says why)"
+    finally:
+        weights.load_pretrained = read
+        sdist.reset_layout()
+
+
 class _Rotary(torch.nn.Module):
     """A block list and a non-persistent buffer, as a rotary embedding's ``inv_freq`` is held elsewhere."""
 

@@ -231,6 +231,7 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
             tokenizer = load_tokenizer(path)
         with torch.device("meta"):
             model = ChatGLM2ForCausalLM(check_directory(path, quantized=False)).eval()
+        model.config._name_or_path = str(path)  # as from_pretrained records it
     else:
         from glm_port.models.chatglm2.weights import load_pretrained
 
