@@ -94,6 +94,29 @@ def check_rank_other_than_0_never_holds_the_whole_model():
         sdist.reset_layout()
 
 
+def check_hybrid_sharding_fills_every_replica_from_rank_0():
+    """--sharding_degree 1 on 2 ranks (HSDP: 2 replicas of 1 shard, the 2-D mesh): rank 1's replica, built on the
+    meta device, holds the checkpoint's weights."""
+    import shim.distributed as sdist
+    from glm_port.finetune.run import parse_args, setup
+
+    directory = Path(os.environ[DIRECTORY])
+    args = parse_args(["--model_name_or_path", str(directory / "base"), "--do_train", "--train_file",
+                       str(directory / "train.json"), "--sharding", "stage2", "--sharding_degree", "1",
+                       "--output_dir", str(directory / "out")])
+    try:
+        model = setup(args).model
+        from safetensors.torch import load_file
+
+        whole = {k: v for f in sorted((directory / "base").glob("*.safetensors")) for k, v in load_file(f).items()}
+        local = {name: p.to_local() for name, p in model.named_parameters()}
+        assert local.keys() == whole.keys()
+        for name, tensor in whole.items():  # one shard: each replica holds the whole tensor
+            torch.testing.assert_close(local[name], tensor, rtol=0, atol=0, msg=name)
+    finally:
+        sdist.reset_layout()
+
+
 def check_a_load_failing_on_rank_0_stops_every_rank():
     """Rank 0 fails reading the weights, rank 1 (which reads none) stops with one line instead of waiting."""
     import shim.distributed as sdist
