@@ -210,10 +210,10 @@ def main_load(args) -> None:
     print("| ranks | rank | params MiB | peak RSS MiB | RSS rise MiB |")
     print("| --- | --- | --- | --- | --- |")
     results = {}
-    free = available_bytes()
-    if free is not None and 3 * estimated_load_bytes(args, 1, 0) // 2 > 0.9 * free and not args.force:
-        print(f"the checkpoint: skipped: writing it would need about {3 * estimated_load_bytes(args, 1, 0) // 2 / MIB:.0f}"
-              f" MiB, {free / MIB:.0f} MiB is available (fewer --layers, a smaller --vocab, or --force)", flush=True)
+    free, writing = available_bytes(), 3 * estimated_load_bytes(args, 1, 0) // 2
+    if free is not None and writing > 0.9 * free and not args.force:
+        print(f"the checkpoint: skipped: writing it would need about {writing / MIB:.0f} MiB, {free / MIB:.0f} MiB "
+              "is available (fewer --layers, a smaller --vocab, or --force)", flush=True)
         return
     with tempfile.TemporaryDirectory() as directory:
         writer = mp.get_context("fork").Process(target=_write_checkpoint, args=(args, directory))
@@ -240,9 +240,9 @@ def main_load(args) -> None:
                 continue
             rises = [r["peak_rss"] - r["import_rss"] for r in rows]
             others = max(rises[1:])
-            print(f"{world} ranks: load's peak RSS rise: rank 0 {rises[0] / MIB:.0f} MiB = {rises[0] / one_rise:.2f} x one "
-                  f"process's {one_rise / MIB:.0f} MiB; other ranks at most {others / MIB:.0f} MiB = "
-                  f"{others / one_rise:.2f} x (1/{world} would be {1 / world:.2f})")
+            print(f"{world} ranks: load's peak RSS rise: rank 0 {rises[0] / MIB:.0f} MiB = "
+                  f"{rises[0] / one_rise:.2f} x one process's {one_rise / MIB:.0f} MiB; other ranks at most "
+                  f"{others / MIB:.0f} MiB = {others / one_rise:.2f} x (1/{world} would be {1 / world:.2f})")
 
 
 def _block_sizes(args) -> tuple[int, int, int]:
