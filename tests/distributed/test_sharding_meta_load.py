@@ -142,6 +142,31 @@ def check_a_load_failing_on_rank_0_stops_every_rank():
         sdist.reset_layout()
 
 
+def _glm4_argv(directory: Path, output: str, *extra) -> list[str]:
+    return ["--model_name_or_path", str(directory / "glm4"), "--do_train", "--train_file", str(directory / "train.json"),
+            "--src_length", "12", "--tgt_length", "10", "--max_steps", "3", "--logging_steps", "1",
+            "--learning_rate", "3e-3", "--do_eval", "false", "--output_dir", str(directory / output), *extra]
+
+
+def check_glm4_sharded_finetune_from_a_directory():
+    """GLM-4 (a saved directory) under --sharding stage3 on 2 ranks at batch 16 each: its log, for the test."""
+    import contextlib
+    import io
+
+    import shim.distributed as sdist
+    from glm_port.finetune.run import main
+
+    directory = Path(os.environ[DIRECTORY])
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            main(_glm4_argv(directory, "glm4_fsdp", "--sharding", "stage3", "--per_device_train_batch_size", "16"))
+    finally:
+        sdist.reset_layout()
+    if dist.get_rank() == 0:
+        (directory / "glm4_fsdp.log").write_text(out.getvalue())
+
+
 class _Rotary(torch.nn.Module):
     """A block list and a non-persistent buffer, as a rotary embedding's ``inv_freq`` is held elsewhere."""
 
@@ -194,15 +219,36 @@ def results(launch, tmp_path_factory):
     directory = tmp_path_factory.mktemp("meta_load")
     (directory / "tokenizer").mkdir()
     save(*build_tiny(str(directory / "tokenizer"), num_layers=LAYERS), directory / "base")
+    from glm_port.models.glm4.finetune import save as save_glm4
+    from glm_port.models.glm4.tiny import build_tiny as build_glm4
+
+    save_glm4(*build_glm4(), directory / "glm4")
     train = write_toy_task(directory / "data")[0]
     (directory / "train.json").write_text(Path(train).read_text())
     os.environ[DIRECTORY] = str(directory)
     try:
-        return launch(CHECKS)
+        return launch(CHECKS), directory
     finally:
         del os.environ[DIRECTORY]
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_meta_load(results, name):
-    results.assert_passed(name)
+    results[0].assert_passed(name)
+
+
+def test_glm4_sharded_finetune_logs_the_losses_of_one_process(results, capsys):
+    """Its ranks built on the meta device and filled from rank 0: one process's losses at batch 32 (1e-4)."""
+    import re
+
+    from glm_port.finetune.run import main
+
+    checks, directory = results
+    checks.assert_passed("check_glm4_sharded_finetune_from_a_directory")
+    loss = re.compile(r"^ iteration +(\d+)/ +\d+ \| .* \| lm loss (\S+) \|$", re.MULTILINE)
+    sharded = {int(m[1]): float(m[2]) for m in loss.finditer((directory / "glm4_fsdp.log").read_text())}
+    main(_glm4_argv(directory, "glm4_one", "--per_device_train_batch_size", "32"))
+    single = {int(m[1]): float(m[2]) for m in loss.finditer(capsys.readouterr().out)}
+    assert sorted(sharded) == sorted(single) == [1, 2, 3]
+    for step, value in single.items():
+        assert sharded[step] == pytest.approx(value, rel=1e-4), step
