@@ -320,3 +320,56 @@ def unsharded_twin(model, state: dict):
             source = model.get_buffer(name)
             twin.get_submodule(owner).register_buffer(leaf, source.detach().cpu().clone(), persistent=False)
     return twin.eval()
+
+
+# ---- a sharded model filled from rank 0's weights (every other rank builds it on the meta device) ----------
+
+
+def non_persistent_buffers(model) -> list[str]:
+    """The names of ``model``'s buffers that its state dict leaves out (rotary ``inv_freq`` and the like)."""
+    kept = set(model.state_dict(keep_vars=True))
+    return [name for name, _ in model.named_buffers() if name not in kept]
+
+
+def shard_from_rank0(model, sharding: Sharding, param_dtype=None, device="cpu", whole=None):
+    """``shard_model`` for a model whose weights global rank 0 alone holds: ``model`` is built on the meta device
+    (nothing read, nothing allocated) on every rank but 0, and on rank 0 too when ``whole`` (rank 0's loaded
+    model, e.g. on the CPU; None elsewhere) is given, else ``model`` is rank 0's loaded model itself. Every rank's
+    FSDP2 units are made, the shards allocated on ``device`` (``to_empty``) and filled from rank 0's weights by
+    torch's ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`` (rank 0 broadcasts the
+    tensors one by one, each rank keeps its shard); the non-persistent buffers, outside the state dict, are
+    broadcast from rank 0 likewise. Collective. No rank but 0 ever holds more of the model than its shards and
+    one whole tensor in flight."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank0 = dist.get_rank() == 0
+    source = model if whole is None else whole
+    state = dict(source.state_dict()) if rank0 else {}  # rank 0's whole tensors, kept while the model is sharded
+    buffers = non_persistent_buffers(model)
+    kept = {name: source.get_buffer(name) for name in buffers} if rank0 else {}
+    shard_model(model, sharding, param_dtype)
+    if not rank0 or whole is not None:
+        model.to_empty(device=device)
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del state
+    with torch.no_grad():
+        for name in buffers:
+            buffer = model.get_buffer(name)
+            if name in kept:
+                buffer.copy_(kept[name])
+            dist.broadcast(buffer, src=0)
+    return model
+
+
+def broadcast_from_rank0(value):
+    """A picklable ``value`` as global rank 0 holds it, on every rank (collective)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def every_rank(flag: bool) -> bool:
+    """True when ``flag`` is true on every rank (collective)."""
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)

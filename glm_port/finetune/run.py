@@ -368,22 +368,49 @@ def setup(args) -> Session:
     ptuning = bool(_ptuning_flag(args))
     prefix = dict(pre_seq_len=args.pre_seq_len, prefix_projection=args.prefix_projection,
                   ptuning_checkpoint=args.ptuning_checkpoint) if ptuning else {}
-    try:
-        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix)
-    except FileNotFoundError as error:  # no vocabulary recorded beside the weights
-        if tokenizer_path is not None:
-            raise
-        raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
-    _fit_lengths(args, binding, base, env.is_main)
     full = not (args.lora or args.lora_path or ptuning)
+    # Sharded full finetune (no tensor parallel): every rank builds the model on the meta device, rank 0 alone
+    # reads the weights (on the CPU) and every rank gets its shards from it (``shard_from_rank0``): no rank but 0
+    # ever holds the whole model, and no device does.
+    from_rank0 = env.sharding is not None and env.tp_size == 1 and full
+    whole = rng = None
+    try:
+        if from_rank0 and env.is_main:
+            whole, _ = binding.load(source, "cpu", args.recompute, tokenizer_path=tokenizer_path)
+            rng = torch.get_rng_state()  # as an embedded model's random init left it, for every rank below
+        base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix,
+                                       **({"meta": True} if from_rank0 else {}))
+    except BaseException as error:
+        if from_rank0:  # the ranks wait for each other below: this one's failure stops them all
+            _all_ranks_loaded(False)
+        if not isinstance(error, FileNotFoundError) or tokenizer_path is not None:
+            raise
+        # no vocabulary recorded beside the weights
+        raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
+    if from_rank0 and not _all_ranks_loaded(True):
+        raise FinetuneError("the model did not load on another rank (its log says why)")
+    _fit_lengths(args, binding, base, env.is_main)
     save_dtype = None
     if full and args.do_train:  # fp32 masters; saved in the dtype the checkpoint records, else the one loaded
-        held = master_weights(base)
+        held = master_weights(base if whole is None else whole)
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full or ptuning else apply_lora(args, base)
-    if env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
+    if from_rank0:  # rank 0's weights, dtype and random state for every rank
+        from glm_port.sharding import broadcast_from_rank0, shard_from_rank0
+
+        held = next((p.dtype for p in whole.parameters() if p.is_floating_point()), None) \
+            if whole is not None else None
+        save_dtype, rng, held = broadcast_from_rank0((save_dtype, rng, held))
+        torch.set_rng_state(rng)
+        if held is not None and held != torch.float32:  # not trained: the weights stay in the dtype loaded
+            model.to(held)
+        model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device,
+                                        whole=whole)
+        del whole
+    elif env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
         model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)
+    if env.sharding is not None:
         if env.is_main:
             mode = f"hybrid, {env.dp_size // env.sharding.degree} replicas of " if env.sharding.hybrid else ""
             print(f" > --sharding stage{env.sharding.stage}: FSDP2 over {mode}{env.sharding.degree} ranks",
@@ -393,6 +420,13 @@ def setup(args) -> Session:
     home = tokenizer_path or (binding.tokenizer_home(source) if source is not None else None)
     return Session(env, binding, model, base, binding.config_of(base), tokenizer, Path(args.output_dir), source,
                    home, save_dtype, ptuning)
+
+
+def _all_ranks_loaded(loaded: bool) -> bool:
+    """Whether every rank loaded its model (collective: each rank says whether it did)."""
+    from glm_port.sharding import every_rank
+
+    return every_rank(loaded)
 
 
 def master_weights(model) -> torch.dtype | None:

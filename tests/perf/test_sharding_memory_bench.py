@@ -31,3 +31,20 @@ def test_a_world_size_that_would_not_fit_is_skipped_in_one_line(monkeypatch, cap
     sharding_memory.main(["--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "512", "--ranks", "4",
                           "--force"])
     assert ran == [4]
+
+
+def test_load_mode_runs_glm_finetunes_load_on_one_and_two_ranks(capsys):
+    """--load: a small ChatGLM2 checkpoint written, then glm-finetune's setup on 1 and 2 ranks (sharded): a row
+    per rank and the summary line."""
+    sharding_memory.main(["--load", "--hidden", "64", "--heads", "4", "--ffn", "128", "--vocab", "512", "--layers",
+                          "2", "--seq", "32", "--ranks", "1", "2"])
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "0"), ("2", "0"), ("2", "1")]
+    assert "2 ranks: load's peak RSS rise: rank 0" in out
+
+
+def test_load_mode_skips_a_world_size_that_would_not_fit(monkeypatch, capsys):
+    monkeypatch.setattr(sharding_memory, "available_bytes", lambda: 64 * MIB)
+    sharding_memory.main(["--load", "--layers", "1", "--vocab", "8192", "--ranks", "1", "4"])
+    assert "the checkpoint: skipped: writing it would need about" in capsys.readouterr().out

@@ -198,13 +198,17 @@ EMBEDDED = "chatglm2-tiny"
 
 
 def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len: int | None = None,
-         prefix_projection: bool = False, ptuning_checkpoint=None):
+         prefix_projection: bool = False, ptuning_checkpoint=None, meta: bool = False):
     """``(model, tokenizer)``: a ChatGLM2 directory, or (None) the embedded random-init tiny model; the
     tokenizer from ``tokenizer_path`` (a directory holding ``tokenizer.model``, or that file) when given.
     ``pre_seq_len``: a new P-Tuning v2 prefix of that length (``prefix_projection``: THUDM's MLP) on the
     frozen model; ``ptuning_checkpoint``: the prefix of that P-Tuning checkpoint (``pre_seq_len`` and
-    ``prefix_projection``, when given, must be its)."""
+    ``prefix_projection``, when given, must be its). ``meta``: the same model built on the meta device from the
+    config alone, no weight read (fp32; a sharded run's ranks other than 0, filled from rank 0's weights)."""
+    import contextlib
     from pathlib import Path
+
+    import torch
 
     from glm_port.models.chatglm2.weights import load_tokenizer
 
@@ -215,8 +219,23 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
         from glm_port.models.chatglm2.tiny import build_tiny
 
-        model, tiny_tokenizer = embedded_model(build_tiny, ChatGLM2ForCausalLM, device)
+        if meta:
+            with torch.device("meta"):
+                model, tiny_tokenizer = build_tiny()
+        else:
+            model, tiny_tokenizer = embedded_model(build_tiny, ChatGLM2ForCausalLM, device)
         tokenizer = tiny_tokenizer if tokenizer_path is None else tokenizer
+    elif meta:
+        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+        from glm_port.models.chatglm2.weights import check_directory
+
+        if tokenizer_path is None:
+            if not (Path(path) / "tokenizer.model").is_file():
+                raise FileNotFoundError(f"no ChatGLM2 tokenizer in {path} (expected tokenizer.model)")
+            tokenizer = load_tokenizer(path)
+        with torch.device("meta"):
+            model = ChatGLM2ForCausalLM(check_directory(path, quantized=False)).eval()
+        model.config._name_or_path = str(path)  # as from_pretrained records it
     else:
         from glm_port.models.chatglm2.weights import load_pretrained
 
@@ -233,7 +252,8 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
             model = load_split(path, check_directory(path), device=device)
         else:
             model = load_pretrained(path, dtype=None, device=device)
-    model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    if not meta:
+        model = model.to(device=device, dtype=next(model.parameters()).dtype)
     attach_ptuning(model, pre_seq_len, prefix_projection, ptuning_checkpoint)
     if recompute:  # every GLMBlock checkpointed (transformers' API; its older name before the 5.x rename)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

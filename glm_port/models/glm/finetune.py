@@ -20,20 +20,38 @@ LORA_DEFAULTS: dict = {}  # glm-finetune's own defaults (PaddleNLP's GLM recipe 
 logits = positions_logits  # GLM takes glm_port's batch layout as it is
 
 
-def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Path | None = None):
+def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Path | None = None,
+         meta: bool = False):
     """``(model, vocabulary)``: any GLM weights ``path`` holds, or (None) a new small GLM. The vocabulary is
     ``tokenizer_path``'s (a directory or a vocabulary file) when given, else the one recorded beside the
-    weights (a Hugging Face directory's files; glm-pretrain and glm-finetune record theirs the same way)."""
+    weights (a Hugging Face directory's files; glm-pretrain and glm-finetune record theirs the same way).
+    ``meta``: the same model built on the meta device from the config alone, no weight read (fp32; a sharded
+    run's ranks other than 0, filled from rank 0's weights)."""
     from glm_port import data
 
     if path is None:
         vocab = data.get_tokenizer() if tokenizer_path is None else _tokenizer(tokenizer_path)
         config = GLMConfig(vocab_size=vocab.vocab_size, checkpoint_activations=recompute, **TINY)
+        if meta:
+            with torch.device("meta"):
+                return GLMModel(config), vocab
         return GLMModel(config).to(device), vocab
     from glm_port.distributed import current_model_parallel
     from glm_port.models.glm.hf import GLMForConditionalGeneration
 
     vocab = _tokenizer(tokenizer_path if tokenizer_path is not None else tokenizer_home(path))  # quick: first
+    if meta:
+        from glm_port.models.glm.weights import find_source, source_config
+
+        with torch.device("meta"):
+            glm = GLMForConditionalGeneration(source_config(find_source(path))).glm
+        glm.eval()
+        if vocab.num_tokens > glm.config.vocab_size:
+            raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
+                             f"{glm.config.vocab_size} embedding rows: not the vocabulary it was trained with")
+        if recompute:
+            glm.config = glm.transformer.config = glm.config.replace(checkpoint_activations=True)
+        return glm, vocab
     # Under --tensor_parallel_degree the model is built split: each rank reads its slices (Megatron's rules).
     glm = GLMForConditionalGeneration.from_pretrained(path, device=device,
                                                       tensor_parallel=current_model_parallel()).glm

@@ -99,16 +99,33 @@ def _tokenizer_at(path):
 
 
 def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len: int | None = None,
-         prefix_projection: bool = False, ptuning_checkpoint=None):
+         prefix_projection: bool = False, ptuning_checkpoint=None, meta: bool = False):
     """``(model, tokenizer)``: a GLM-4 directory (THUDM's layout or transformers'), or (None) the embedded
     random-init tiny GLM-4; the tokenizer from ``tokenizer_path`` (a directory or a ``tokenizer.model``) when
     given, else the directory's. ``pre_seq_len``, ``prefix_projection``, ``ptuning_checkpoint``: P-Tuning v2 as
     ChatGLM2's binding puts it on (``chatglm2.finetune.attach_ptuning``: a new prefix on the frozen model, or a
-    P-Tuning checkpoint's)."""
+    P-Tuning checkpoint's). ``meta``: the same model built on the meta device from the config alone, no weight
+    read (fp32; a sharded run's ranks other than 0, filled from rank 0's weights)."""
+    import contextlib
+
+    import torch
+
     from glm_port.distributed import tensor_parallel_size
 
     if path is None:
-        model, tokenizer = _embedded(device)
+        if meta:
+            from glm_port.models.glm4.tiny import build_tiny
+
+            with torch.device("meta"):
+                model, tokenizer = build_tiny()
+        else:
+            model, tokenizer = _embedded(device)
+    elif meta:
+        from glm_port.models.glm4.model import GLM4ForCausalLM
+        from glm_port.models.glm4.weights import check_directory
+
+        with torch.device("meta"):
+            model, tokenizer = GLM4ForCausalLM(check_directory(path)).eval(), None
     elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as ChatGLM2's)
         from glm_port.models.glm4.generation import load_split
         from glm_port.models.glm4.weights import check_directory
@@ -126,7 +143,8 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
     if len(tokenizer) > model.config.padded_vocab_size:
         raise ValueError(f"the tokenizer gives {len(tokenizer)} ids, more than the model's padded_vocab_size "
                          f"({model.config.padded_vocab_size})")
-    model = model.to(device=device, dtype=next(model.parameters()).dtype)
+    if not meta:
+        model = model.to(device=device, dtype=next(model.parameters()).dtype)
     # What glm-finetune records of the model (save_pretrained's config.json, and the config its tensor-parallel
     # shards carry) names GLM-4's class, so those shards are GLM-4's with no tokenizer beside them (detect.is_glm4).
     model.config.architectures = [ARCHITECTURE]
