@@ -205,7 +205,6 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
     frozen model; ``ptuning_checkpoint``: the prefix of that P-Tuning checkpoint (``pre_seq_len`` and
     ``prefix_projection``, when given, must be its). ``meta``: the same model built on the meta device from the
     config alone, no weight read (fp32; a sharded run's ranks other than 0, filled from rank 0's weights)."""
-    import contextlib
     from pathlib import Path
 
     import torch

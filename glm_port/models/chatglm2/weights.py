@@ -314,6 +314,7 @@ def load_pretrained(directory, dtype=None, device="cpu", quantize=None, group_si
 
     dtype = dtype or default_dtype(device)
     model = _load_pretrained(directory, dtype, device, quantized, ptuning_checkpoint, pre_seq_len)
+    model.config._name_or_path = str(directory)  # as transformers' from_pretrained records it
     if quantize is not None:
         FAMILIES["chatglm2"].quantize(model, quantize, group_size)
     return model

@@ -106,8 +106,6 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
     ChatGLM2's binding puts it on (``chatglm2.finetune.attach_ptuning``: a new prefix on the frozen model, or a
     P-Tuning checkpoint's). ``meta``: the same model built on the meta device from the config alone, no weight
     read (fp32; a sharded run's ranks other than 0, filled from rank 0's weights)."""
-    import contextlib
-
     import torch
 
     from glm_port.distributed import tensor_parallel_size
