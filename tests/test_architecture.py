@@ -309,8 +309,8 @@ def test_the_server_imports_no_family_module(graph):
 # ---- the family contract -----------------------------------------------------------------------------------
 
 # glm_port's modules outside glm_port/models/ reach a family only through the registry and its contract
-# (``glm_port.models``, ``glm_port.models.contract``): ``Family.load`` for its classes, ``family.binding(kind)``
-# for its binding modules. The exceptions, by name: module -> the family modules it may name.
+# (``glm_port.models``, ``glm_port.models.contract``): the declaration's classes (``family.config_class``),
+# ``family.binding(kind)`` for its bindings. The exceptions, by name: module -> the family modules it may name.
 CONTRACT = ("glm_port.models", "glm_port.models.contract")
 FAMILY_IMPORTS_ALLOWED = {
     # the package's public re-export of GLM's classes (``from glm_port import GLMConfig, GLMModel``) and its
@@ -458,7 +458,8 @@ def test_the_registry_loads_a_declaration_on_its_first_lookup(monkeypatch):
     registry = Registry()
     registry.declare("fake", "fake_family_spec")
     registry.declare("wrong", "fake_family_spec")
-    assert list(registry) == ["fake", "wrong"] and "fake" in registry and registry.declared_in("fake") == "fake_family_spec"
+    assert list(registry) == ["fake", "wrong"] and "fake" in registry
+    assert registry.declared_in("fake") == "fake_family_spec"
     assert "fake_family_spec" not in sys.modules  # declared, not imported
     module = types.ModuleType("fake_family_spec")
     module.FAMILY = Family("fake", FAMILIES["glm"].config_class, FAMILIES["glm"].model_class, ("fake",))
