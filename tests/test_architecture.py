@@ -393,11 +393,13 @@ def test_each_family_is_one_declaration_of_code_in_its_own_folder():
     """Each registered family is the ``FAMILY`` of its own folder's ``spec.py`` (one registry line), and that
     declaration holds code, never names: its classes are classes, its hooks callables, each binding the object
     providing its kind's protocol (``isinstance`` of the runtime-checkable protocol), its chat formats the ones its
-    ``conversation`` binding speaks, its split plan a ``SplitPlan`` for its default config."""
+    ``conversation`` binding speaks, its split plan a ``SplitPlan`` for its default config, its state-dict adapter a
+    ``weights_io.Adapter``."""
     import types
 
     from glm_port.models import FAMILIES
     from glm_port.models.contract import PROTOCOLS, missing
+    from glm_port.models.weights_io import Adapter
     from shim.nn.split_plan import SplitPlan
 
     assert list(FAMILIES) == ["glm", "chatglm2", "glm4"]
@@ -407,8 +409,8 @@ def test_each_family_is_one_declaration_of_code_in_its_own_folder():
         if declared_in != f"glm_port.models.{name}.spec":
             bad.append(f"{name}: declared in {declared_in}, not its folder's spec.py")
         family = FAMILIES[name]
-        code = {field: getattr(family, field, None)
-                for field in ("config_class", "model_class", "tokenizer_class", "split_plan", "detect", *PROTOCOLS)}
+        code = {field: getattr(family, field, None) for field in
+                ("config_class", "model_class", "tokenizer_class", "split_plan", "adapter", "detect", *PROTOCOLS)}
         named = [f"{field}={value!r}" for field, value in code.items() if isinstance(value, str)]
         if named:
             bad.append(f"{name}: holds names, not code: {', '.join(named)}")
@@ -421,6 +423,8 @@ def test_each_family_is_one_declaration_of_code_in_its_own_folder():
                 bad.append(f"{name}: {field} {code[field]!r} is not callable")
         if not isinstance(family.split_plan(family.config_class(), 2), SplitPlan):
             bad.append(f"{name}: split_plan(config, 2) is not a SplitPlan")
+        if not isinstance(code["adapter"], Adapter):
+            bad.append(f"{name}: adapter {code['adapter']!r} is not a weights_io.Adapter")
         for kind, protocol in PROTOCOLS.items():
             binding = code[kind]
             if binding is None:

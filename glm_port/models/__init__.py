@@ -1,12 +1,12 @@
 """Model families: one folder each (``glm/``, ``chatglm2/``, ``glm4/``), found by what a directory holds.
 
 A family declares itself once, as code, in its own folder (``glm_port/models/<name>/spec.py``: ``FAMILY =
-Family(...)``, holding its config, model and tokenizer classes, its detect hook, split plan and binding modules,
-and what it supports) and is registered by one line here (``FAMILIES.declare``). Shared pieces (training loop,
-checkpoint I/O, generation, finetuning) take any registered family; importing this module imports no family: a
-family's declaration (and so its code) is imported on its first lookup. The commands reach a family only through
-this module (``family_at``, ``family_for``, ``family_of``, ``FAMILIES``, ``Family.binding``; what each binding
-provides: ``contract.py``), never a family's modules.
+Family(...)``, holding its config, model and tokenizer classes, its detect hook, split plan, state-dict adapter and
+binding modules, and what it supports) and is registered by one line here (``FAMILIES.declare``). Shared pieces
+(training loop, checkpoint I/O, generation, finetuning) take any registered family; importing this module imports
+no family: a family's declaration (and so its code) is imported on its first lookup. The commands reach a family
+only through this module (``family_at``, ``family_for``, ``family_of``, ``FAMILIES``, ``Family.binding``; what
+each binding provides: ``contract.py``), never a family's modules.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class Family:
     # ``split_plan(config, size) -> shim.nn.split_plan.SplitPlan``: how its weights are cut under tensor parallel
     # ``size`` (the family's ``splits.py``; docs/architecture.md, "The split plan").
     split_plan: Callable[[Any, int], Any] | None = None
+    # Its state-dict adapter (``weights_io.Adapter``, its ``adapter.py``): its checkpoints' names <-> its model's,
+    # both ways, what the shared reader renames by (docs/architecture.md, "Reading weights").
+    adapter: Any = None  # a weights_io.Adapter (named, not imported: weights_io imports this module)
     # ``detect(directory, config) -> bool`` (``config``: the parsed config.json), called by ``family_at`` before
     # ``model_type`` is looked at: True claims the directory (GLM-4 and ChatGLM2 share "chatglm").
     detect: Callable[[Path, dict], bool] | None = None
@@ -150,7 +153,7 @@ class Family:
 
 
 # The fields of a declaration that hold code: its classes, its hooks and its bindings (one a contract kind).
-CODE_FIELDS = ("config_class", "model_class", "tokenizer_class", "split_plan", "detect", *PROTOCOLS)
+CODE_FIELDS = ("config_class", "model_class", "tokenizer_class", "split_plan", "adapter", "detect", *PROTOCOLS)
 
 
 class Registry(MutableMapping):

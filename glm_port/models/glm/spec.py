@@ -2,6 +2,7 @@
 
 from glm_port.models import FEATURES, Family
 from glm_port.models.glm import finetune, generation, hf_directory
+from glm_port.models.glm.adapter import ADAPTER
 from glm_port.models.glm.config import GLMConfig
 from glm_port.models.glm.model import GLMModel
 from glm_port.models.glm.splits import split_plan
@@ -14,6 +15,7 @@ FAMILY = Family(
     model_types=("glm",),
     tokenizer_class=GLMTokenizer,
     split_plan=split_plan,
+    adapter=ADAPTER,
     # GLM's output is the tied embedding table: no linear to keep in float (quantize_keep)
     supports=frozenset(FEATURES) - {"prefix_tuning"},
     generation=generation,

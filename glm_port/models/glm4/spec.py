@@ -4,6 +4,7 @@ contract"). Its network is ChatGLM2's, so is its split plan (``chatglm2/splits.p
 from glm_port.models import Family
 from glm_port.models.chatglm2.splits import split_plan
 from glm_port.models.glm4 import chat, conversation, convert, finetune, generation, tiny, weights
+from glm_port.models.glm4.adapter import ADAPTER
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4
 from glm_port.models.glm4.model import GLM4ForCausalLM
@@ -17,6 +18,7 @@ FAMILY = Family(
     tokenizer_class=GLM4Tokenizer,
     chat_formats=conversation.CHAT_FORMATS,
     split_plan=split_plan,
+    adapter=ADAPTER,
     detect=is_glm4,  # claims its directories before model_type is read (ChatGLM2's and GLM-10b's are shared)
     supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute", "merge", "export",
                         "prefix_tuning"}),
