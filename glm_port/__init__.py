@@ -4,19 +4,21 @@ Shared pieces sit beside the families: ``training`` (optimizer, schedule, precis
 ``checkpoint_io`` (saving and loading), ``distributed`` (ranks and groups), ``data`` (tokenizers and
 blank-infilling data); ``pretrain_glm`` is ``glm-pretrain``, ``generation`` is ``glm-generate``.
 
-``GLMForConditionalGeneration`` and ``GLMTokenizer`` (inference: transformers' models, generation and
-tokenizers) import on first use. ``GLMConfig`` is a transformers ``PretrainedConfig``.
+GLM's classes import on first use (``from glm_port import GLMConfig`` imports GLM's config then), so that
+importing a command's module (its ``--help``) pays for neither torch nor transformers.
+``GLMForConditionalGeneration`` and ``GLMTokenizer`` are for inference (transformers' models, generation and
+tokenizers); ``GLMConfig`` is a transformers ``PretrainedConfig``.
 
 This public re-export of GLM's classes is the one place outside ``glm_port.models`` that names a family's
 modules (allowed by name in ``tests/test_architecture.py``); the commands reach every family through the
 registry's contract (``glm_port.models``; docs/architecture.md, "The family contract").
 """
 
-from glm_port.models.glm import GLMConfig, GLMModel
-
 __all__ = ["GLMConfig", "GLMModel", "GLMForConditionalGeneration", "GLMTokenizer"]
 
 _LAZY = {
+    "GLMConfig": "glm_port.models.glm.config",
+    "GLMModel": "glm_port.models.glm.model",
     "GLMForConditionalGeneration": "glm_port.models.glm.hf",
     "GLMPretrainedConfig": "glm_port.models.glm.hf",  # GLMConfig's name before issue 27 (a DeprecationWarning)
     "GLMTokenizer": "glm_port.models.glm.tokenizer",

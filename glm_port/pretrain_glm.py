@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -37,9 +38,11 @@ from glm_port.data.batches import DataOptions, build_batches, corpus_splits
 from glm_port.models import FAMILIES
 from glm_port.training import OptimizerSettings, Precision, TrainingLoop, build_optimizer, lm_loss
 
-FAMILY = FAMILIES["glm"]  # glm-pretrain trains GLM (upstream's pretrain_glm.py), reached through the registry
-GLMConfig = FAMILY.load(FAMILY.config_class)
-GLMModel = FAMILY.load(FAMILY.model_class)
+
+def glm_family():
+    """GLM's declaration: glm-pretrain trains GLM (upstream's pretrain_glm.py), reached through the registry, on
+    first use (looked up at import, it would load the family's bindings for ``--help``)."""
+    return FAMILIES["glm"]
 
 
 def set_random_seed(seed: int, env: ParallelEnv) -> None:
@@ -58,8 +61,9 @@ def padded_vocab_size(args, tokenizer) -> int:
     return -(-tokens // multiple) * multiple
 
 
-def model_config(args, vocab_size: int) -> GLMConfig:
-    return GLMConfig(
+def model_config(args, vocab_size: int):
+    """GLM's config (``glm_family().config_class``) from the flags."""
+    return glm_family().config_class(
         vocab_size=vocab_size,
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
@@ -127,8 +131,8 @@ class Run:
     """Everything a training run holds between steps."""
 
     env: ParallelEnv
-    config: GLMConfig
-    model: GLMModel
+    config: Any  # GLM's config (glm_family().config_class)
+    model: Any  # GLM's model (glm_family().model_class)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
@@ -230,7 +234,7 @@ def setup(args) -> Run:
     set_random_seed(args.seed, env)
     tokenizer = data.get_tokenizer(args.tokenizer_type, args.tokenizer_path, lowercase=args.tokenizer_lowercase)
     config = model_config(args, padded_vocab_size(args, tokenizer))
-    model = GLMModel(config).to(env.device)  # after ParallelEnv: its layout splits the layers
+    model = glm_family().model_class(config).to(env.device)  # after ParallelEnv: its layout splits the layers
     if args.compile is None:
         args.compile = compile_by_default(env.device)
     if args.compile:
@@ -377,7 +381,7 @@ def record_tokenizer(args, tokenizer, directory) -> None:
     import shutil
     from pathlib import Path
 
-    hf = FAMILY.binding("hf")  # GLM's tokenizer class and the files it reads
+    hf = glm_family().binding("hf")  # GLM's tokenizer class and the files it reads
     directory = Path(directory)
     if args.tokenizer_path is not None:
         for file in hf.tokenizer_files(directory, Path(args.tokenizer_path).expanduser()):

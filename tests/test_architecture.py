@@ -309,8 +309,8 @@ def test_the_server_imports_no_family_module(graph):
 # ---- the family contract -----------------------------------------------------------------------------------
 
 # glm_port's modules outside glm_port/models/ reach a family only through the registry and its contract
-# (``glm_port.models``, ``glm_port.models.contract``): ``Family.load`` for its classes, ``family.binding(kind)``
-# for its binding modules. The exceptions, by name: module -> the family modules it may name.
+# (``glm_port.models``, ``glm_port.models.contract``): the declaration's classes (``family.config_class``),
+# ``family.binding(kind)`` for its bindings. The exceptions, by name: module -> the family modules it may name.
 CONTRACT = ("glm_port.models", "glm_port.models.contract")
 FAMILY_IMPORTS_ALLOWED = {
     # the package's public re-export of GLM's classes (``from glm_port import GLMConfig, GLMModel``) and its
@@ -377,7 +377,7 @@ def test_every_family_binding_provides_its_protocol():
     for family in FAMILIES.values():
         for attribute in (family.config_class, family.model_class):
             if not isinstance(family.load(attribute), type):
-                bad.append(f"{family.name}: {family.module}.{attribute} is not a class")
+                bad.append(f"{family.name}: {attribute!r} is not a class")
         for kind in PROTOCOLS:
             if getattr(family, kind) is None:
                 continue
@@ -387,6 +387,106 @@ def test_every_family_binding_provides_its_protocol():
                 bad.append(f"{family.name}'s {kind} binding ({getattr(family, kind)}) lacks {', '.join(lacking)}")
     assert checked >= 9, "no bindings were checked"
     assert not bad, "\n".join(bad)
+
+
+def test_each_family_is_one_declaration_of_code_in_its_own_folder():
+    """Each registered family is the ``FAMILY`` of its own folder's ``spec.py`` (one registry line), and that
+    declaration holds code, never names: its classes are classes, its hooks callables, each binding the object
+    providing its kind's protocol (``isinstance`` of the runtime-checkable protocol), its chat formats the ones its
+    ``conversation`` binding speaks, its split plan a ``SplitPlan`` for its default config, its state-dict adapter a
+    ``weights_io.Adapter``."""
+    import types
+
+    from glm_port.models import FAMILIES
+    from glm_port.models.contract import PROTOCOLS, missing
+    from glm_port.models.weights_io import Adapter
+    from shim.nn.split_plan import SplitPlan
+
+    assert list(FAMILIES) == ["glm", "chatglm2", "glm4"]
+    bad = []
+    for name in FAMILIES:
+        declared_in = getattr(FAMILIES, "declared_in", lambda name: None)(name)
+        if declared_in != f"glm_port.models.{name}.spec":
+            bad.append(f"{name}: declared in {declared_in}, not its folder's spec.py")
+        family = FAMILIES[name]
+        code = {field: getattr(family, field, None) for field in
+                ("config_class", "model_class", "tokenizer_class", "split_plan", "adapter", "detect", *PROTOCOLS)}
+        named = [f"{field}={value!r}" for field, value in code.items() if isinstance(value, str)]
+        if named:
+            bad.append(f"{name}: holds names, not code: {', '.join(named)}")
+            continue
+        for field in ("config_class", "model_class", "tokenizer_class"):
+            if not isinstance(code[field], type):
+                bad.append(f"{name}: {field} {code[field]!r} is not a class")
+        for field in ("split_plan", "detect"):
+            if code[field] is not None and not callable(code[field]):
+                bad.append(f"{name}: {field} {code[field]!r} is not callable")
+        if not isinstance(family.split_plan(family.config_class(), 2), SplitPlan):
+            bad.append(f"{name}: split_plan(config, 2) is not a SplitPlan")
+        if not isinstance(code["adapter"], Adapter):
+            bad.append(f"{name}: adapter {code['adapter']!r} is not a weights_io.Adapter")
+        for kind, protocol in PROTOCOLS.items():
+            binding = code[kind]
+            if binding is None:
+                continue
+            if not isinstance(binding, types.ModuleType) or not isinstance(binding, protocol) or missing(kind, binding):
+                bad.append(f"{name}'s {kind} binding {binding!r} is not a module providing {protocol.__name__}")
+            if family.binding(kind) is not binding:
+                bad.append(f"{name}: binding({kind!r}) is not the object declared")
+        if family.conversation is not None and tuple(family.chat_formats) != tuple(family.conversation.CHAT_FORMATS):
+            bad.append(f"{name}: chat_formats {family.chat_formats} are not its conversation binding's")
+        if family.chat is not None and not family.chat_formats:
+            bad.append(f"{name}: a chat binding and no chat format")
+    assert not bad, "\n".join(bad)
+    assert FAMILIES["glm4"].detect is not None and FAMILIES["glm4"].tokenizer_class.__name__ == "GLM4Tokenizer"
+
+
+def test_a_declaration_that_names_instead_of_holding_code_is_refused():
+    from glm_port.models import FAMILIES, Family
+
+    glm = FAMILIES["glm"]
+    with pytest.raises(TypeError, match=r"declare the object itself, not its name: config_class='GLMConfig'"):
+        Family("x", "GLMConfig", glm.model_class, ("x",))
+    with pytest.raises(TypeError, match=r"generation='glm_port.models.glm.generation'"):
+        Family("x", glm.config_class, glm.model_class, ("x",), generation="glm_port.models.glm.generation")
+
+
+def test_the_registry_loads_a_declaration_on_its_first_lookup(monkeypatch):
+    """``Registry.declare`` records the module; nothing is imported until the family is looked up, and a module
+    whose ``FAMILY`` is not the family of that name is refused."""
+    import sys
+    import types
+
+    from glm_port.models import FAMILIES, Family, Registry
+
+    registry = Registry()
+    registry.declare("fake", "fake_family_spec")
+    registry.declare("wrong", "fake_family_spec")
+    assert list(registry) == ["fake", "wrong"] and "fake" in registry
+    assert registry.declared_in("fake") == "fake_family_spec"
+    assert "fake_family_spec" not in sys.modules  # declared, not imported
+    module = types.ModuleType("fake_family_spec")
+    module.FAMILY = Family("fake", FAMILIES["glm"].config_class, FAMILIES["glm"].model_class, ("fake",))
+    monkeypatch.setitem(sys.modules, "fake_family_spec", module)
+    assert registry["fake"] is module.FAMILY and registry.declared_in("fake") == "fake_family_spec"
+    with pytest.raises(TypeError, match="fake_family_spec.FAMILY must be the Family named 'wrong'"):
+        registry["wrong"]
+    with pytest.raises(TypeError):
+        registry["other"] = module.FAMILY
+
+
+def test_importing_the_registry_imports_no_family_declaration():
+    """``import glm_port.models`` (what every command's module imports, so its ``--help``) imports no family
+    module, declaration or binding, nor torch or transformers: a family's code is imported on its first lookup."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, glm_port.models as m; print(sorted(n for n in sys.modules if n.startswith('glm_port.models.')"
+            " or n in ('torch', 'transformers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert ast.literal_eval(out) == ["glm_port.models.contract"]
 
 
 def test_a_binding_that_lacks_a_name_is_named(monkeypatch):

@@ -68,9 +68,7 @@ def _default_run(args, argv) -> bool:
 
 def _embedded() -> dict:
     """Embedded model names (``glm-tiny``, ``chatglm2-tiny``) -> family: random-init models, no download."""
-    import importlib
-
-    return {importlib.import_module(f.finetune).EMBEDDED: f for f in FAMILIES.values() if f.finetune}
+    return {f.binding("finetune").EMBEDDED: f for f in FAMILIES.values() if f.finetune is not None}
 
 
 @dataclass

@@ -1,17 +1,25 @@
-"""Model families: one folder each (``glm/``, ...), found by the family name a ``config.json`` carries.
+"""Model families: one folder each (``glm/``, ``chatglm2/``, ``glm4/``), found by what a directory holds.
 
-A family registers its config class and model class here. Shared pieces (training loop, checkpoint I/O,
-generation, finetuning) take any registered family; nothing here imports a family until it is asked for.
-The commands reach a family only through this module (``family_at``, ``family_for``, ``FAMILIES``,
-``Family.load``, ``Family.binding``; what each binding provides: ``contract.py``), never a family's modules.
+A family declares itself once, as code, in its own folder (``glm_port/models/<name>/spec.py``: ``FAMILY =
+Family(...)``, holding its config, model and tokenizer classes, its detect hook, split plan, state-dict adapter and
+binding modules, and what it supports) and is registered by one line here (``FAMILIES.declare``). Shared pieces
+(training loop, checkpoint I/O, generation, finetuning) take any registered family; importing this module imports
+no family: a family's declaration (and so its code) is imported on its first lookup. The commands reach a family
+only through this module (``family_at``, ``family_for``, ``family_of``, ``FAMILIES``, ``Family.binding``; what
+each binding provides: ``contract.py``), never a family's modules.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from glm_port.models.contract import (PROTOCOLS, ChatBinding, ConversationBinding, ConvertBinding, FinetuneBinding,
+                                      GenerationBinding, HFDirectoryBinding, TinyBinding, WeightsBinding)
 
 # What a family may declare it supports (``Family.supports``), and how a refusal names it. A command asked for
 # one of these (a flag) checks it with ``Family.require`` before it loads anything: one line, exit status 2.
@@ -44,52 +52,62 @@ class WeightsError(ValueError):
 
 @dataclass(frozen=True)
 class Family:
+    """One model family, declared once as code in its own folder (``glm_port/models/<name>/spec.py``: ``FAMILY =
+    Family(...)``, torchtitan's ``TrainSpec`` way) and registered by one line below. Every field holds the object
+    itself (a class, a function, a module), never its name; ``tests/test_architecture.py`` checks it."""
+
     name: str
-    module: str  # the family's package; it exports ``config_class`` and ``model_class`` by these names
-    config_class: str
-    model_class: str
+    config_class: type  # its config (a transformers ``PretrainedConfig``)
+    model_class: type  # its model: what ``family_of`` tells a loaded model's family by
     model_types: tuple[str, ...]  # the ``model_type`` values of config.json files this family reads
+    # Its tokenizer class, and the chat formats it speaks (what glm-chat's and glm-serve's --chat-format may name).
+    tokenizer_class: type | None = None
+    chat_formats: tuple[str, ...] = ()
+    # ``split_plan(config, size) -> shim.nn.split_plan.SplitPlan``: how its weights are cut under tensor parallel
+    # ``size`` (the family's ``splits.py``; docs/architecture.md, "The split plan").
+    split_plan: Callable[[Any, int], Any] | None = None
+    # Its state-dict adapter (``weights_io.Adapter``, its ``adapter.py``): its checkpoints' names <-> its model's,
+    # both ways, what the shared reader renames by (docs/architecture.md, "Reading weights").
+    adapter: Any = None  # a weights_io.Adapter (named, not imported: weights_io imports this module)
+    # ``detect(directory, config) -> bool`` (``config``: the parsed config.json), called by ``family_at`` before
+    # ``model_type`` is looked at: True claims the directory (GLM-4 and ChatGLM2 share "chatglm").
+    detect: Callable[[Path, dict], bool] | None = None
     # The ``FEATURES`` this family has, each tested for it; anything else is refused by the commands.
     supports: frozenset[str] = frozenset()
-    # Module with ``load(path, ...) -> (model, tokenizer)`` and ``generate(model, tokenizer, prompts, ...)``,
-    # what glm-generate drives (glm_port.generation); None: the family does not generate.
-    generation: str | None = None
-    # Module with glm-finetune's binding (load, encode, collate, logits, generate, save...: see
-    # glm_port/models/glm/finetune.py); None: the family is not finetuned by glm-finetune.
-    finetune: str | None = None
-    # Module with the chat format a server speaks (glm_port.serve): ``chat_format(tokenizer)``,
-    # ``encode_messages(tokenizer, messages, tools) -> ids``, ``reply_stop_ids(model, tokenizer)``,
-    # ``parse_reply(tokenizer, ids, tools, final) -> (content, tool_calls)``; None: the family does not chat.
-    chat: str | None = None
-    # Module with ``build_tiny(chat_format=...) -> (model, tokenizer)``: the embedded random-init model the
-    # commands use when given no weights; None: the family has none.
-    tiny: str | None = None
-    # More bindings (what each module provides: ``glm_port.models.contract``, one protocol a kind):
-    # ``conversation``, glm-chat's (load, stream_chat, the chat formats); ``weights``, the family's directories
-    # read with one-line errors; ``convert``, glm-convert's and the writer glm-merge and glm-export use for a
-    # family kept in its own layout; ``hf``, the pieces glm-merge and glm-export assemble a Hugging Face
-    # directory of the family's classes from. None: the family has no such binding.
-    conversation: str | None = None
-    weights: str | None = None
-    convert: str | None = None
-    hf: str | None = None
     # ``fnmatch`` patterns of linear layers ``--quantize`` keeps in float (THUDM keeps ChatGLM2's output layer).
     quantize_keep: tuple[str, ...] = ()
-    # ``"module:function"``, called as ``function(directory, config) -> bool`` (``config``: the parsed config.json)
-    # before ``model_type`` is looked at: True claims the directory (GLM-4 and ChatGLM2 share "chatglm").
-    detect: str | None = None
-
-    def claims(self, directory: Path, config: dict) -> bool:
-        """Whether this family's ``detect`` hook claims the directory (False without one)."""
-        if self.detect is None:
-            return False
-        module, _, function = self.detect.partition(":")
-        return bool(getattr(importlib.import_module(module), function)(directory, config))
+    # Its bindings, one a kind of ``contract.PROTOCOLS``, each the module (or any object) providing that kind's
+    # protocol; None: the family has no such binding. ``generation``: glm-generate's and glm-serve's (load,
+    # generate); ``finetune``: glm-finetune's (load, encode, collate, logits, generate, save...); ``chat``: the
+    # chat format a server speaks; ``conversation``: glm-chat's (load, stream_chat, the chat formats); ``tiny``:
+    # the embedded random-init model a command runs with no weights given; ``weights``: the family's directories
+    # read with one-line errors; ``convert``: glm-convert's, and the writer glm-merge and glm-export use for a
+    # family kept in its own layout; ``hf``: the pieces glm-merge and glm-export assemble a Hugging Face
+    # directory of the family's classes from.
+    generation: GenerationBinding | None = None
+    finetune: FinetuneBinding | None = None
+    chat: ChatBinding | None = None
+    conversation: ConversationBinding | None = None
+    tiny: TinyBinding | None = None
+    weights: WeightsBinding | None = None
+    convert: ConvertBinding | None = None
+    hf: HFDirectoryBinding | None = None
 
     def __post_init__(self):
         unknown = set(self.supports) - set(FEATURES)
         if unknown:
             raise ValueError(f"family {self.name}: unknown features {sorted(unknown)} (known: {sorted(FEATURES)})")
+        named = [f"{field}={value!r}" for field, value in self.declared_code().items() if isinstance(value, str)]
+        if named:  # the declaration holds code: a name (a module path, a class name) is a mistake here
+            raise TypeError(f"family {self.name}: declare the object itself, not its name: {', '.join(named)}")
+
+    def declared_code(self) -> dict:
+        """The fields that hold code (classes, functions, binding modules), by name; None where not declared."""
+        return {field: getattr(self, field) for field in CODE_FIELDS}
+
+    def claims(self, directory: Path, config: dict) -> bool:
+        """Whether this family's ``detect`` hook claims the directory (False without one)."""
+        return self.detect is not None and bool(self.detect(directory, config))
 
     def require(self, *requested: tuple[str | None, str]) -> None:
         """``(flag, feature)`` pairs, one per feature a command can be asked for (``flag``: how the user asked,
@@ -101,20 +119,25 @@ class Family:
             if flag and feature not in self.supports:
                 raise Unsupported(f"{flag}: the {self.name} family does not support {FEATURES[feature]}")
 
-    def load(self, attribute: str):
-        return getattr(importlib.import_module(self.module), attribute)
+    def load(self, what):
+        """One of the family's declared classes: ``what`` itself (``family.load(family.config_class)``, as
+        callers wrote it when the declaration held names), or the declared class named ``what``."""
+        if not isinstance(what, str):
+            return what
+        for cls in (self.config_class, self.model_class, self.tokenizer_class):
+            if cls is not None and cls.__name__ == what:
+                return cls
+        raise AttributeError(f"the {self.name} family declares no class {what!r}")
 
     def binding(self, kind: str):
-        """The module of one of this family's bindings (a kind of ``contract.PROTOCOLS``: ``"generation"``,
-        ``"finetune"``, ``"chat"``, ``"tiny"``, ...), imported on first use; a ValueError when the family has none."""
-        from glm_port.models.contract import PROTOCOLS
-
+        """The object one of this family's bindings is (a kind of ``contract.PROTOCOLS``: ``"generation"``,
+        ``"finetune"``, ``"chat"``, ``"tiny"``, ...); a ValueError when the family has none."""
         if kind not in PROTOCOLS:
             raise KeyError(f"unknown binding kind {kind!r} (known: {', '.join(PROTOCOLS)})")
-        module = getattr(self, kind)
-        if module is None:
+        binding = getattr(self, kind)
+        if binding is None:
             raise ValueError(f"the {self.name} family has no {kind} binding")
-        return importlib.import_module(module)
+        return binding
 
     def quantize(self, model, mode: str, group_size: int | None = None) -> int:
         """Quantize ``model``'s linear layers in place (``shim.nn.quantize_linears``), keeping
@@ -129,29 +152,67 @@ class Family:
         return quantize_linears(model, QUANTIZE_BITS[mode], group_size=group_size or 128, skip=self.quantize_keep)
 
 
-FAMILIES: dict[str, Family] = {
-    "glm": Family("glm", "glm_port.models.glm", "GLMConfig", "GLMModel", ("glm",),
-                  generation="glm_port.models.glm.generation", finetune="glm_port.models.glm.finetune",
-                  hf="glm_port.models.glm.hf_directory",
-                  # GLM's output is the tied embedding table: no linear to keep in float (quantize_keep)
-                  supports=frozenset(FEATURES) - {"prefix_tuning"}),
-    "chatglm2": Family("chatglm2", "glm_port.models.chatglm2", "ChatGLM2Config", "ChatGLM2ForCausalLM", ("chatglm",),
-                       supports=frozenset({"tensor_parallel", "static_cache", "recompute", "lora", "export",
-                                           "merge", "quantize", "prefix_tuning"}),
-                       quantize_keep=("*output_layer", "*prefix_encoder.*"),  # THUDM keeps both in float
-                       generation="glm_port.models.chatglm2.generation",
-                       finetune="glm_port.models.chatglm2.finetune", chat="glm_port.models.chatglm2.chat",
-                       tiny="glm_port.models.chatglm2.tiny", conversation="glm_port.models.chatglm2.conversation",
-                       weights="glm_port.models.chatglm2.weights", convert="glm_port.models.chatglm2.convert"),
-    "glm4": Family("glm4", "glm_port.models.glm4", "GLM4Config", "GLM4ForCausalLM", ("chatglm", "glm"),
-                   supports=frozenset({"tensor_parallel", "static_cache", "quantize", "lora", "recompute", "merge",
-                                       "export", "prefix_tuning"}),
-                   quantize_keep=("*output_layer", "*prefix_encoder.*"), finetune="glm_port.models.glm4.finetune",
-                   detect="glm_port.models.glm4.detect:is_glm4", generation="glm_port.models.glm4.generation",
-                   chat="glm_port.models.glm4.chat", tiny="glm_port.models.glm4.tiny",
-                   conversation="glm_port.models.glm4.conversation", weights="glm_port.models.glm4.weights",
-                   convert="glm_port.models.glm4.convert"),
-}
+# The fields of a declaration that hold code: its classes, its hooks and its bindings (one a contract kind).
+CODE_FIELDS = ("config_class", "model_class", "tokenizer_class", "split_plan", "adapter", "detect", *PROTOCOLS)
+
+
+class Registry(MutableMapping):
+    """Family name -> ``Family``. A family is registered by the module that declares it (its folder's
+    ``spec.py``, whose ``FAMILY`` is the declaration), imported on the first lookup of that family (``FAMILIES[name]``,
+    ``.values()``, ``family_at``...): importing ``glm_port.models`` (a command's ``--help``) loads no family.
+    Names and order are known without loading (``list(FAMILIES)``, ``name in FAMILIES``)."""
+
+    def __init__(self):
+        self._entries: dict[str, Family | str] = {}  # a loaded declaration, or the module that declares it
+        self._declared_in: dict[str, str] = {}
+
+    def declare(self, name: str, spec_module: str) -> None:
+        """Register family ``name``, declared as ``FAMILY`` in ``spec_module`` (imported on first lookup)."""
+        self._entries[name] = self._declared_in[name] = spec_module
+
+    def declared_in(self, name: str) -> str | None:
+        """The module whose ``FAMILY`` family ``name`` is (None: a ``Family`` set directly, as tests do)."""
+        module = self._declared_in.get(name)
+        if module is None or isinstance(self._entries[name], str):
+            return module
+        return module if importlib.import_module(module).FAMILY is self._entries[name] else None
+
+    def __getitem__(self, name: str) -> Family:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            family = importlib.import_module(entry).FAMILY
+            if not isinstance(family, Family) or family.name != name:
+                raise TypeError(f"{entry}.FAMILY must be the Family named {name!r}, found {family!r}")
+            self._entries[name] = entry = family
+        return entry
+
+    def __setitem__(self, name: str, family: Family) -> None:
+        if not isinstance(family, Family) or family.name != name:
+            raise TypeError(f"FAMILIES[{name!r}] must be a Family named {name!r}")
+        self._entries[name] = family
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+        self._declared_in.pop(name, None)
+
+    def __contains__(self, name) -> bool:  # without loading the declaration
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self._entries)})"
+
+
+# The registry: one line a family (adding one: docs/architecture.md, "Adding a model family").
+FAMILIES = Registry()
+FAMILIES.declare("glm", "glm_port.models.glm.spec")
+FAMILIES.declare("chatglm2", "glm_port.models.chatglm2.spec")
+FAMILIES.declare("glm4", "glm_port.models.glm4.spec")
 TINY_FAMILY = "chatglm2"  # the family of the embedded model a command runs with no weights given
 
 
@@ -174,7 +235,7 @@ def family_of(model) -> Family:
     model_type = getattr(model.config, "model_type", None)
     readers = [family for family in FAMILIES.values() if model_type in family.model_types]
     if len(readers) > 1:
-        exact = [family for family in readers if type(model) is family.load(family.model_class)]
+        exact = [family for family in readers if type(model) is family.model_class]
         if exact:
             return exact[0]
     return readers[0] if readers else family_for(model_type)

@@ -1,11 +1,12 @@
-"""What a family's binding modules provide: one ``typing.Protocol`` per binding kind.
+"""What a family's bindings provide: one runtime-checkable ``typing.Protocol`` per binding kind.
 
-A family (``glm_port.models.Family``) names a module for each kind of binding it has (``Family.generation``,
-``Family.chat``, ...); ``family.binding(kind)`` imports it on first use. The commands reach a family only
-that way (and through ``Family.load`` for its config and model classes): none imports a
-``glm_port.models.<family>`` module (``tests/test_architecture.py`` checks it). Each protocol below lists
-the names the commands use, so a binding module is written against it; ``PROTOCOLS`` maps each kind to its
-protocol and ``missing`` names what a module lacks (the conformance test runs it over every registered
+A family's declaration (``glm_port.models.Family``, its folder's ``spec.py``) holds one object a kind of binding
+it has (``Family.generation``, ``Family.chat``, ...; a module of the family's folder), typed by the protocol
+here; ``family.binding(kind)`` returns it. The commands reach a family only that way (and through the
+declaration's classes, ``family.config_class``...): none imports a ``glm_port.models.<family>`` module
+(``tests/test_architecture.py`` checks it). Each protocol below lists the names the commands use, so a binding
+module is written against it; ``PROTOCOLS`` maps each kind to its protocol and ``missing`` names what a module
+lacks (the architecture test runs both ``isinstance(binding, protocol)`` and ``missing`` over every registered
 family). A module conforms as a module does (PEP 544): its functions are the protocol's methods without
 ``self``, its constants and classes the protocol's attributes.
 
@@ -151,7 +152,7 @@ class HFDirectoryBinding(Protocol):
     def tokenizer_files(self, path, tokenizer_path=None) -> list: ...
 
 
-# binding kind (a ``Family`` field naming a module) -> what the module provides
+# binding kind (a ``Family`` field holding the binding) -> what the binding provides
 PROTOCOLS: dict[str, type] = {
     "generation": GenerationBinding,
     "finetune": FinetuneBinding,

@@ -9,7 +9,8 @@ from glm_port.models import FAMILIES, FEATURES, Family, Unsupported
 
 def test_a_family_declares_known_features_only():
     with pytest.raises(ValueError, match="unknown features"):
-        Family("x", "glm_port.models.glm", "GLMConfig", "GLMModel", ("x",), supports=frozenset({"speculative"}))
+        Family("x", FAMILIES["glm"].config_class, FAMILIES["glm"].model_class, ("x",),
+               supports=frozenset({"speculative"}))
     with pytest.raises(KeyError):
         FAMILIES["glm"].require(("--speculative", "speculative"))
 

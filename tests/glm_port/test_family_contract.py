@@ -21,9 +21,9 @@ def _fake_family(monkeypatch, supports=frozenset(), **bindings) -> dict:
         module = types.ModuleType(f"fake_family_{kind}")
         for name, value in names(calls).items():
             setattr(module, name, value)
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-        declared[kind] = module.__name__
-    family = Family("fake", "glm_port.models.glm", "GLMConfig", "GLMModel", ("fake",), supports=supports, **declared)
+        declared[kind] = module  # the declaration holds the binding itself
+    glm = FAMILIES["glm"]
+    family = Family("fake", glm.config_class, glm.model_class, ("fake",), supports=supports, **declared)
     monkeypatch.setitem(FAMILIES, "fake", family)
     return calls
 

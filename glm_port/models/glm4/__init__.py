@@ -4,14 +4,12 @@ ChatGLM2's network (``glm_port.models.chatglm2``) with GLM-4's config (``rope_ra
 and chat format. Directories are told from ChatGLM2's by ``detect.is_glm4`` (both say ``model_type: chatglm``);
 transformers' native ``GlmForCausalLM`` layout (``model_type: glm``) loads too.
 
-The classes load on first use, so that the registry's ``detect`` hook (``glm_port.models.glm4.detect``, run by
-``models.family_at`` on every directory) loads no model or tokenizer code (tiktoken, ChatGLM2's model).
+Its declaration is ``spec.FAMILY``. The classes below load on first use, so that importing one module of the
+folder (``detect.py``, ``tokenizer.py``) loads no other (tiktoken, ChatGLM2's model).
 """
 
 import importlib
 
-FAMILY = "glm4"
-MODEL_TYPES = ("chatglm", "glm")  # config.json "model_type" values of GLM-4 directories (THUDM's, transformers')
 _LAZY = {"GLM4Config": "glm_port.models.glm4.config", "GLM4ForCausalLM": "glm_port.models.glm4.model",
          "GLM4Tokenizer": "glm_port.models.glm4.tokenizer"}
 
@@ -22,4 +20,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FAMILY", "GLM4Config", "GLM4ForCausalLM", "GLM4Tokenizer", "MODEL_TYPES"]
+__all__ = ["GLM4Config", "GLM4ForCausalLM", "GLM4Tokenizer"]
