@@ -21,21 +21,6 @@ MASK = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]])  # the second row left-
 LENGTH = 5
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """The tiny GLM-4 as a THUDM directory, its weights drawn wide (std 0.3) so that a prefix moves its logits."""
-    from glm_port.models.glm4.tiny import build_tiny, write_directory
-
-    root = tmp_path_factory.mktemp("glm4-peft-prefix")
-    (root / "tok").mkdir()
-    model, tokenizer = build_tiny(str(root / "tok"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.3)
-    return write_directory(model, tokenizer, root / "base")
-
-
 def peft_directory(base, directory, projection=False, **overrides):
     """PEFT's prefix tuning on our GLM-4 read from ``base`` (finetune_demo's ``get_peft_model``), its prompt encoder
     drawn at random (std 0.5), saved by PEFT's ``save_pretrained`` into ``directory``."""
