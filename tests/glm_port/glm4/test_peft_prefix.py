@@ -131,6 +131,16 @@ def test_another_peft_adapter_or_a_short_file_is_one_line_exit_2(base, tmp_path,
     assert "prompt_embeddings is [5, 8], expected [5, 128]" in _refused(base, short, capsys)
 
 
+def test_a_peft_bin_whose_prompt_embeddings_is_no_tensor_is_one_line_exit_2(base, tmp_path, capsys):
+    """An adapter_model.bin whose prompt_embeddings is not a tensor is one line naming the file (it was an
+    AttributeError traceback)."""
+    directory = peft_directory(base, tmp_path / "peft")
+    (directory / "adapter_model.safetensors").unlink()
+    torch.save({"prompt_embeddings": [[0.0] * 128] * LENGTH}, directory / "adapter_model.bin")
+    line = _refused(base, directory, capsys)
+    assert "adapter_model.bin" in line and "prompt_embeddings" in line, line
+
+
 def test_glm_finetune_ptuning_checkpoint_starts_from_a_peft_prefix(base, tmp_path):
     """glm-finetune's GLM-4 binding puts a PEFT prefix on the frozen base to train on: PEFT's prompt_embeddings as the
     prefix encoder's embedding, nothing else trainable, the logits PEFT's."""
