@@ -252,7 +252,8 @@ class TensorFile:
 
 class Tensors:
     """An ``hf`` layout's tensors by name across its files (its index, or the one file's names), each file opened
-    once, when a tensor of it is first asked for. ``rename``: as ``TensorFile``'s."""
+    once: an indexed layout's when a tensor of it is first asked for, a single file's at once (for its names).
+    ``rename``: as ``TensorFile``'s."""
 
     def __init__(self, layout: Layout, rename: Callable[[str], str | None] | None = None):
         if layout.kind != "hf":
