@@ -131,8 +131,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def _indexed(directory: Path, index: Path) -> Layout:
-    weight_map = (read_json(index) or {}).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
+    parsed = read_json(index)
+    weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
         raise WeightsError(f"{index}: not a weight index (no 'weight_map')")
     files = sorted({directory / f for f in weight_map.values()})
     missing = [f for f in files if not f.is_file()]
