@@ -76,7 +76,7 @@ def check_output(out: Path, overwrite: bool, *sources: tuple[str, Path | None], 
 
 
 def hf_config(config, dtype) -> dict:
-    """``config.json`` for a ``GLMPretrainedConfig``: transformers' fields, our class, the stored dtype."""
+    """``config.json`` for a ``GLMConfig``: transformers' fields, our class, the stored dtype."""
     config.architectures = ["GLMForConditionalGeneration"]
     config.dtype = dtype
     fields = config.to_dict()

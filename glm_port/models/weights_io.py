@@ -131,8 +131,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def _indexed(directory: Path, index: Path) -> Layout:
-    weight_map = (read_json(index) or {}).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
+    parsed = read_json(index)
+    weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
         raise WeightsError(f"{index}: not a weight index (no 'weight_map')")
     files = sorted({directory / f for f in weight_map.values()})
     missing = [f for f in files if not f.is_file()]
@@ -252,7 +253,8 @@ class TensorFile:
 
 class Tensors:
     """An ``hf`` layout's tensors by name across its files (its index, or the one file's names), each file opened
-    once, when a tensor of it is first asked for. ``rename``: as ``TensorFile``'s."""
+    once: an indexed layout's when a tensor of it is first asked for, a single file's at once (for its names).
+    ``rename``: as ``TensorFile``'s."""
 
     def __init__(self, layout: Layout, rename: Callable[[str], str | None] | None = None):
         if layout.kind != "hf":

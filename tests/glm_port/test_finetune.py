@@ -713,7 +713,7 @@ def test_a_chatglm2_directory_without_its_tokenizer_names_the_flag_and_takes_one
     from glm_port.models.chatglm2.tiny import build_tiny
 
     (tmp_path / "tokenizer").mkdir()
-    save(*build_tiny(str(tmp_path / "tokenizer"), **config), tmp_path / "base")
+    save(*build_tiny(str(tmp_path / "tokenizer")), tmp_path / "base")
     (tmp_path / "base" / "tokenizer.model").rename(tmp_path / "tokenizer.model")
     argv = ["--model_name_or_path", str(tmp_path / "base"), "--do_train", "--train_file",
             str(write_toy_task(tmp_path / "data")[0]), "--src_length", "12", "--tgt_length", "10", "--max_steps", "1",

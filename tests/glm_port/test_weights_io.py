@@ -149,6 +149,16 @@ def test_an_index_that_is_not_one_is_named(tmp_path):
     assert one_line(error).startswith(f"{directory / 'model.safetensors.index.json'}: not valid JSON")
 
 
+@pytest.mark.parametrize("text", ['["weight_map"]', '{"weight_map": {"w": 3}}', '{"weight_map": ["a.safetensors"]}'])
+def test_an_index_of_another_shape_is_one_line(tmp_path, text):
+    # valid JSON, but no {name: file} weight_map (it was an AttributeError or TypeError traceback)
+    directory = write_hf(tmp_path / "m", "safetensors", 2)
+    (directory / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(WeightsError) as error:
+        find_layout(directory)
+    assert one_line(error) == f"{directory / 'model.safetensors.index.json'}: not a weight index (no 'weight_map')"
+
+
 def test_a_missing_rank_file_and_mixed_ranks_are_named(tmp_path):
     parts = [{"w": torch.ones(2, 2)} for _ in range(3)]
     write_ranks(tmp_path / "gap", parts)

@@ -29,6 +29,7 @@ def model_name(name: str) -> str | None:
 ADAPTER = Adapter(to_model=model_name, to_checkpoint=lambda name: name)
 
 LAYER = re.compile(r"^transformer\.encoder\.layers\.(\d+)\.(.+)$")
+GLM_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")  # transformers' layer names
 PLAIN = {  # per-layer names that only change their prefix
     "input_layernorm.weight": "input_layernorm.weight",
     "post_attention_layernorm.weight": "post_attention_layernorm.weight",
@@ -52,60 +53,67 @@ def split_qkv(config: ChatGLM2Config, qkv: torch.Tensor):
     return tuple(per_head[:, i].flatten(0, 1) for i in range(3))
 
 
-def to_glm_plan(config: ChatGLM2Config, source):
-    """``[(transformers name, function giving the tensor)]`` in model order."""
+def _plan(source, top: dict, layer: re.Pattern, target: str, plain: dict, attention, what: str, skip=()):
+    """``[(name in the other layout, function giving the tensor)]`` over ``source``'s names, in their order: ``top``
+    renamed, a layer's (``layer`` matches ``(number, rest)``) ``plain`` names put under ``target`` (the other
+    layout's layer prefix, ``{}`` the number), every other per-layer name as ``attention(name, rest, prefix)``
+    gives it (a list of entries; None: not a weight of the layout); names ending in ``skip`` left out; a name
+    of neither kind is one line naming it (``what``: the layout's name)."""
     plan = []
     for name in source.keys():
-        if name in TOP:
-            plan.append((TOP[name], lambda name=name: source[name]))
+        if name in top:
+            plan.append((top[name], lambda name=name: source[name]))
             continue
-        match = LAYER.match(name)
-        if match is None:
-            if name.endswith("rotary_pos_emb.inv_freq"):
-                continue
-            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
-        layer, rest = match.groups()
-        prefix = f"model.layers.{layer}."
-        if rest in PLAIN:
-            plan.append((prefix + PLAIN[rest], lambda name=name: source[name]))
-        elif rest.startswith("self_attention.query_key_value."):
-            kind = rest.rsplit(".", 1)[1]
-            for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                plan.append((f"{prefix}self_attn.{proj}.{kind}",
-                             lambda name=name, i=i: split_qkv(config, source[name])[i]))
-        else:
-            raise WeightsError(f"{source.directory}: weight {name} is not a ChatGLM2 weight")
+        match = layer.match(name)
+        entries = None
+        if match is not None:
+            number, rest = match.groups()
+            prefix = target.format(number)
+            if rest in plain:
+                entries = [(prefix + plain[rest], lambda name=name: source[name])]
+            else:
+                entries = attention(name, rest, prefix)
+        elif skip and name.endswith(skip):
+            continue
+        if entries is None:
+            raise WeightsError(f"{source.directory}: weight {name} is not a {what} weight")
+        plan += entries
     return plan
 
 
+def to_glm_plan(config: ChatGLM2Config, source):
+    """``[(transformers name, function giving the tensor)]`` in model order."""
+    def split(name, rest, prefix):
+        if not rest.startswith("self_attention.query_key_value."):
+            return None
+        kind = rest.rsplit(".", 1)[1]
+        return [(f"{prefix}self_attn.{proj}.{kind}", lambda i=i: split_qkv(config, source[name])[i])
+                for i, proj in enumerate(("q_proj", "k_proj", "v_proj"))]
+
+    return _plan(source, TOP, LAYER, "model.layers.{}.", PLAIN, split, "ChatGLM2", skip=IGNORED_KEYS)
+
+
 def from_glm_plan(config: ChatGLM2Config, source):
+    """``[(THUDM name, function giving the tensor)]`` of a transformers ``glm`` layout (``q|k|v_proj`` joined,
+    a tied output layer untied)."""
+    def join(name, rest, prefix):
+        if rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
+            return []  # joined with q_proj
+        if not rest.startswith("self_attn.q_proj."):
+            return None
+        kind = rest.rsplit(".", 1)[1]
+        parts = [f"{name.rsplit('.', 2)[0]}.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
+        return [(f"{prefix}self_attention.query_key_value.{kind}",
+                 lambda: torch.cat([source[p] for p in parts], dim=0))]
+
     inverse_top = {v: k for k, v in TOP.items()}
     inverse_plain = {v: k for k, v in PLAIN.items()}
-    plan, layer_re = [], re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-    for name in source.keys():
-        if name in inverse_top:
-            plan.append((inverse_top[name], lambda name=name: source[name]))
-            continue
-        match = layer_re.match(name)
-        if match is None:
-            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
-        layer, rest = match.groups()
-        prefix = f"transformer.encoder.layers.{layer}."
-        if rest in inverse_plain:
-            plan.append((prefix + inverse_plain[rest], lambda name=name: source[name]))
-        elif rest.startswith("self_attn.q_proj."):
-            kind = rest.rsplit(".", 1)[1]
-            parts = [f"model.layers.{layer}.self_attn.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
-            plan.append((f"{prefix}self_attention.query_key_value.{kind}",
-                         lambda parts=parts: torch.cat([source[p] for p in parts], dim=0)))
-        elif rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
-            continue  # joined with q_proj
-        else:
-            raise WeightsError(f"{source.directory}: weight {name} is not a transformers GLM weight")
+    plan = _plan(source, inverse_top, GLM_LAYER, "transformer.encoder.layers.{}.", inverse_plain, join,
+                 "transformers GLM")
     if "transformer.output_layer.weight" not in {target for target, _ in plan}:  # tied GLM: untie
         plan.append(("transformer.output_layer.weight", lambda: source["model.embed_tokens.weight"]))
     return plan
 
 
-__all__ = ["ADAPTER", "IGNORED_KEYS", "LAYER", "PLAIN", "TOP", "from_glm_plan", "model_name", "split_qkv",
+__all__ = ["ADAPTER", "GLM_LAYER", "IGNORED_KEYS", "LAYER", "PLAIN", "TOP", "from_glm_plan", "model_name", "split_qkv",
            "to_glm_plan"]

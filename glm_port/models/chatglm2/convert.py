@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from glm_port.models.chatglm2.config import ChatGLM2Config
 from glm_port.outputs import check_apart, check_directory_output, discard, publish, save_safetensors, work_directory
-from glm_port.models.chatglm2.adapter import from_glm_plan, split_qkv, to_glm_plan  # noqa: F401  (re-exported)
+from glm_port.models.chatglm2.adapter import from_glm_plan, to_glm_plan  # noqa: F401  (re-exported)
 from glm_port.models.chatglm2.weights import (IGNORED_KEYS, TensorSource, WeightsError, read_config,
                                               read_config_json)
 

@@ -100,10 +100,7 @@ def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
     ``pre_seq_len`` checks when given); the config returned then carries its prefix settings."""
     shards = tensor_parallel_checkpoint(directory)
     if shards is not None:
-        if ptuning_checkpoint is not None:
-            raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
-                               f"of THUDM's layout (glm-merge the shards first)")
-        return shards.config
+        return shards_config(shards, directory, ptuning_checkpoint)
     raw = read_config_json(directory)
     if raw.get("pre_seq_len") and raw.get("model_type") in MODEL_TYPES:  # a P-Tuning checkpoint given as a model?
         try:
@@ -128,6 +125,15 @@ def check_directory(directory, quantized: bool = False, ptuning_checkpoint=None,
                 f"--ptuning_checkpoint" if missing[0].startswith(PREFIX_KEYS) else "")
         raise WeightsError(f"{directory}: weight {missing[0]} missing from the checkpoint{more}{hint}")
     return config
+
+
+def shards_config(shards, directory, ptuning_checkpoint=None):
+    """``check_directory``'s answer for the tensor-parallel shards ``shards`` at ``directory``: their config; a
+    P-Tuning checkpoint given with them is one line (its prefix goes on one directory of THUDM's layout)."""
+    if ptuning_checkpoint is not None:
+        raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
+                           f"of THUDM's layout (glm-merge the shards first)")
+    return shards.config
 
 
 def check_quantize(path, mode, group_size) -> None:

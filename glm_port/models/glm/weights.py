@@ -39,14 +39,12 @@ from typing import Callable, Iterator
 
 import shim as torch
 
-from glm_port.checkpoint_io import RANK_FILE as MP_RANK, TRACKERS  # noqa: F401  (shared by every family)
 from glm_port.checkpoint_io import load_file
 from glm_port.dtypes import parse_dtype
 from glm_port.models import WeightsError  # noqa: F401  (the one class of every family: the contract's)
 from glm_port.models.glm.adapter import ADAPTER
 from glm_port.models.glm.model import HF_PREFIX, without_hf_prefix  # noqa: F401  (the names' owner)
 from glm_port.models.glm.splits import SPLIT_PLAN
-from glm_port.models.weights_io import HF_FILES as HF_WEIGHT_FILES  # noqa: F401  (the names it looks for)
 from glm_port.models.weights_io import Layout, TensorFile, find_layout, iter_rank_tensors, read_json
 from shim.nn.split_plan import merge_ranks, slice_for_rank
 

@@ -113,9 +113,12 @@ def _read_prompt_embeddings(path: Path, tensors: bool):
         raise
     except Exception as error:  # a truncated or foreign file
         raise WeightsError(f"{path}: not a readable checkpoint ({type(error).__name__})") from None
-    if not isinstance(state, dict) or PEFT_KEY not in state:
-        raise WeightsError(f"{path}: no {PEFT_KEY} (not a PEFT prefix-tuning adapter)")
-    return state[PEFT_KEY] if tensors else tuple(state[PEFT_KEY].shape)
+    import torch
+
+    embeddings = state.get(PEFT_KEY) if isinstance(state, dict) else None
+    if not isinstance(embeddings, torch.Tensor):  # absent, or something else pickled under its name
+        raise WeightsError(f"{path}: no {PEFT_KEY} tensor (not a PEFT prefix-tuning adapter)")
+    return embeddings if tensors else tuple(embeddings.shape)
 
 
 __all__ = ["ADAPTER_CONFIG", "is_peft_directory", "read_peft_prefix", "read_ptuning_checkpoint"]

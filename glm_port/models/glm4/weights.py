@@ -23,7 +23,7 @@ import torch
 
 from glm_port.models import WeightsError
 from glm_port.models.glm4.adapter import ADAPTER, from_glm_plan
-from glm_port.models.chatglm2.weights import (default_dtype, open_hf, read_config_json,
+from glm_port.models.chatglm2.weights import (default_dtype, open_hf, read_config_json, shards_config,
                                               tensor_parallel_checkpoint)
 from glm_port.models.glm4.config import GLM4Config
 from glm_port.models.glm4.detect import is_glm4, is_rank_file, is_transformers_glm
@@ -130,10 +130,7 @@ def check_directory(directory, ptuning_checkpoint=None, pre_seq_len: int | None 
     the config returned then carries its prefix settings."""
     shards = shard_source(directory)
     if shards is not None:
-        if ptuning_checkpoint is not None:
-            raise WeightsError(f"{directory}: tensor-parallel shards; a P-Tuning checkpoint goes with one directory "
-                               f"(glm-merge the shards first)")
-        return shards.config
+        return shards_config(shards, directory, ptuning_checkpoint)
     config = read_config(directory)
     if ptuning_checkpoint is not None:
         config = _checked_directory(directory, config)

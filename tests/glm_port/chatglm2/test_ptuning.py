@@ -283,7 +283,7 @@ def test_finetune_refuses_ptuning_with_lora_glm_and_tensor_parallel(tmp_path, ca
 
 def mismatched(tmp_path, **overrides):
     """A checkpoint made for another shape than the base model written beside it."""
-    from glm_port.models.chatglm2.finetune import save_base, save_prefix
+    from glm_port.models.chatglm2.finetune import save_prefix
     from glm_port.models.chatglm2.tiny import build_tokenizer
 
     _, base, _ = write_checkpoint(tmp_path)

@@ -89,3 +89,20 @@ def test_save_pretrained_round_trip(tmp_path, model):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "chatglm"
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, model.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("family", ["chatglm2", "glm4"])
+def test_a_ptuning_checkpoint_beside_tensor_parallel_shards_is_one_line(tmp_path, monkeypatch, family):
+    # both families' check_directory answer tensor-parallel shards the same way (chatglm2.weights.shards_config)
+    import importlib
+    from types import SimpleNamespace
+
+    from glm_port.models.chatglm2.config import ChatGLM2Config
+
+    weights = importlib.import_module(f"glm_port.models.{family}.weights")
+    config = ChatGLM2Config(num_layers=1, hidden_size=64, num_attention_heads=4, kv_channels=16,
+                            ffn_hidden_size=96, padded_vocab_size=128)
+    monkeypatch.setattr(weights, "tensor_parallel_checkpoint", lambda directory: SimpleNamespace(config=config))
+    assert weights.check_directory(tmp_path).num_layers == 1
+    with pytest.raises(WeightsError, match="tensor-parallel shards; a P-Tuning checkpoint goes with one directory"):
+        weights.check_directory(tmp_path, ptuning_checkpoint=tmp_path / "ptuning")

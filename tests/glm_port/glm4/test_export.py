@@ -13,8 +13,9 @@ from glm_port.convert.export import main as export_main
 from glm_port.finetune.run import main as finetune_main
 from glm_port.models import FAMILIES, family_at
 
+from tests.glm_port.glm4.common import IDS, logits
+
 torch.set_num_threads(1)
-IDS = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7], [88, 300, 2, 64, 5, 6, 7, 8]])
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +32,6 @@ def finetuned(tmp_path_factory):
                    "--lora", "--lora_target_modules", "query_key_value,dense_4h_to_h", "--output_dir",
                    str(root / "ft")])
     return root / "base", root / "ft" / "final"
-
-
-def logits(directory):
-    model, _ = FAMILIES["glm4"].binding("generation").load(directory, dtype="fp32", device="cpu")
-    with torch.no_grad():
-        return model(IDS).logits
 
 
 def test_glm4_declares_export():

@@ -5,7 +5,6 @@ bindings load, ``--recompute`` (the numbers of the plain forward) and the embedd
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 
@@ -251,6 +250,20 @@ def _torchrun_finetune(argv, ranks: int = 2):
     return done.stdout
 
 
+def _as_one_process(argv, tmp_path, capsys, *parallel_only) -> dict[int, float]:
+    """glm-finetune ``argv`` at --tensor_parallel_degree 2 under torchrun (into ``tmp_path/tp``, with
+    ``parallel_only`` flags) and in this process (``tmp_path/one``): the same 4 steps, one process's losses (1e-4).
+    Returns the one process's losses."""
+    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp"),
+                              *parallel_only])
+    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
+    parallel, single = _losses(log), _losses(capsys.readouterr().out)
+    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
+    for step, loss in single.items():
+        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    return single
+
+
 def test_tensor_parallel_2_finetunes_glm4_as_one_process_and_its_shards_merge(base, data, tmp_path, capsys):
     """--tensor_parallel_degree 2 on a GLM-4 directory (it used to be refused by the binding): each rank reads its
     slices (ChatGLM2's split plan on GLM-4's 2 key/value groups), the losses are one process's (1e-4), the shards
@@ -259,13 +272,7 @@ def test_tensor_parallel_2_finetunes_glm4_as_one_process_and_its_shards_merge(ba
     argv = ["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--do_eval", "false",
             "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "1e-2", "--per_device_train_batch_size",
             "8", "--src_length", "24", "--tgt_length", "16"]
-    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp"),
-                              "--merge_tensor_parallel_path", str(tmp_path / "merged")])
-    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
-    parallel, single = _losses(log), _losses(capsys.readouterr().out)
-    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-    for step, loss in single.items():
-        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    single = _as_one_process(argv, tmp_path, capsys, "--merge_tensor_parallel_path", str(tmp_path / "merged"))
     assert single[4] < single[1]  # it trained
     assert sorted(p.name for p in (tmp_path / "tp" / "final" / "4").iterdir()) == [
         "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
@@ -290,12 +297,7 @@ def test_tensor_parallel_2_finetunes_the_embedded_glm4_tiny_as_one_process(data,
     argv = ["--model_name_or_path", "glm4-tiny", "--do_train", "--train_file", str(data), "--do_eval", "false",
             "--max_steps", "4", "--logging_steps", "1", "--learning_rate", "1e-2", "--per_device_train_batch_size",
             "8", "--src_length", "24", "--tgt_length", "16"]
-    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")])
-    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
-    parallel, single = _losses(log), _losses(capsys.readouterr().out)
-    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-    for step, loss in single.items():
-        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    _as_one_process(argv, tmp_path, capsys)
     generation = FAMILIES["glm4"].binding("generation")
     ids = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7]])
     with torch.no_grad():
@@ -319,12 +321,7 @@ def test_tensor_parallel_2_lora_on_glm4_trains_as_one_process_and_saves_the_whol
     argv = ["--model_name_or_path", base, "--do_train", "--train_file", str(data), "--do_eval", "false",
             "--max_steps", "4", "--logging_steps", "1", "--per_device_train_batch_size", "8", "--src_length", "24",
             "--tgt_length", "16", "--lora", "--lora_target_modules", "query_key_value,dense_h_to_4h,dense_4h_to_h"]
-    log = _torchrun_finetune([*argv, "--tensor_parallel_degree", "2", "--output_dir", str(tmp_path / "tp")])
-    finetune_main([*argv, "--output_dir", str(tmp_path / "one")])
-    parallel, single = _losses(log), _losses(capsys.readouterr().out)
-    assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
-    for step, loss in single.items():
-        assert parallel[step] == pytest.approx(loss, rel=1e-4), step
+    _as_one_process(argv, tmp_path, capsys)
     tp, one = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("tp", "one"))
     assert tp.keys() == one.keys() and any("dense_h_to_4h" in key for key in one)
     for key, value in one.items():

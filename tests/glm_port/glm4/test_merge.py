@@ -15,8 +15,9 @@ from glm_port.convert.merge import main as merge_main
 from glm_port.models import FAMILIES, family_at
 from glm_port.models.chatglm2.weights import tensor_parallel_slice
 
+from tests.glm_port.glm4.common import IDS, logits
+
 torch.set_num_threads(1)
-IDS = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7], [88, 300, 2, 64, 5, 6, 7, 8]])
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +44,6 @@ def write_shards(model, tokenizer, directory, size, step=7):
     (directory / TRACKER).write_text(str(step))
     tokenizer.save_pretrained(directory)
     return directory
-
-
-def logits(directory):
-    model, _ = FAMILIES["glm4"].binding("generation").load(directory, dtype="fp32", device="cpu")
-    with torch.no_grad():
-        return model(IDS).logits
 
 
 def test_glm4_declares_merge():

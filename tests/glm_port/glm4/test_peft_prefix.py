@@ -21,21 +21,6 @@ MASK = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]])  # the second row left-
 LENGTH = 5
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """The tiny GLM-4 as a THUDM directory, its weights drawn wide (std 0.3) so that a prefix moves its logits."""
-    from glm_port.models.glm4.tiny import build_tiny, write_directory
-
-    root = tmp_path_factory.mktemp("glm4-peft-prefix")
-    (root / "tok").mkdir()
-    model, tokenizer = build_tiny(str(root / "tok"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.3)
-    return write_directory(model, tokenizer, root / "base")
-
-
 def peft_directory(base, directory, projection=False, **overrides):
     """PEFT's prefix tuning on our GLM-4 read from ``base`` (finetune_demo's ``get_peft_model``), its prompt encoder
     drawn at random (std 0.5), saved by PEFT's ``save_pretrained`` into ``directory``."""
@@ -144,6 +129,16 @@ def test_another_peft_adapter_or_a_short_file_is_one_line_exit_2(base, tmp_path,
     short = peft_directory(base, tmp_path / "short")
     save_file({"prompt_embeddings": torch.zeros(LENGTH, 8)}, str(short / "adapter_model.safetensors"))
     assert "prompt_embeddings is [5, 8], expected [5, 128]" in _refused(base, short, capsys)
+
+
+def test_a_peft_bin_whose_prompt_embeddings_is_no_tensor_is_one_line_exit_2(base, tmp_path, capsys):
+    """An adapter_model.bin whose prompt_embeddings is not a tensor is one line naming the file (it was an
+    AttributeError traceback)."""
+    directory = peft_directory(base, tmp_path / "peft")
+    (directory / "adapter_model.safetensors").unlink()
+    torch.save({"prompt_embeddings": [[0.0] * 128] * LENGTH}, directory / "adapter_model.bin")
+    line = _refused(base, directory, capsys)
+    assert "adapter_model.bin" in line and "prompt_embeddings" in line, line
 
 
 def test_glm_finetune_ptuning_checkpoint_starts_from_a_peft_prefix(base, tmp_path):

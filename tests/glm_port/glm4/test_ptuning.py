@@ -22,21 +22,6 @@ IDS = torch.tensor([[3, 17, 250, 9, 511, 40, 961, 7]])
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """The tiny GLM-4 as a THUDM directory, its weights drawn wide (std 0.3) so that a prefix moves its logits."""
-    from glm_port.models.glm4.tiny import build_tiny, write_directory
-
-    root = tmp_path_factory.mktemp("glm4-ptuning")
-    (root / "tok").mkdir()
-    model, tokenizer = build_tiny(str(root / "tok"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.3)
-    return write_directory(model, tokenizer, root / "base")
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory):
     path = tmp_path_factory.mktemp("glm4-ptuning-data") / "train.json"
     path.write_text("\n".join(json.dumps({"source": f"question {i}", "target": "yes indeed"}) for i in range(16)))
