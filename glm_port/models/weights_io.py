@@ -159,12 +159,15 @@ def _ranks(directory: Path, root: Path) -> Layout:
 
 
 # ---- reading ---------------------------------------------------------------------------------------
-def load_checkpoint_file(path: Path):
-    """A ``.pt``/``.bin`` file, tensors memory-mapped where its format allows; upstream's rank files (numpy RNG
-    state pickled beside the weights) unpickled whole, as upstream does. One line naming the file otherwise."""
+def load_checkpoint_file(path: Path, unpickle: bool = False):
+    """A ``.pt``/``.bin`` file, tensors memory-mapped where its format allows, read with ``weights_only`` (no code
+    in the file runs). ``unpickle``: a rank file that needs more (upstream GLM's pickle numpy RNG state beside the
+    weights) is unpickled whole, as upstream does: the reader of a family whose upstream writes such files asks
+    for it (GLM's); the others (ChatGLM2's, GLM-4's: their rank files are the project's own) never unpickle. One
+    line naming the file otherwise."""
     errors = (pickle.UnpicklingError, OSError, RuntimeError, EOFError, ValueError, AttributeError, TypeError)
     attempts = [{"mmap": True, "weights_only": True}, {"weights_only": True}]
-    if RANK_FILE.search(path.name):
+    if unpickle and RANK_FILE.search(path.name):
         attempts += [{"mmap": True, "weights_only": False}, {"weights_only": False}]
     last = None
     for kwargs in attempts:
@@ -181,7 +184,7 @@ class TensorFile:
     ``to_model``, or any name map; None drops a name). Safetensors are read lazily and sliceably; a ``.pt``/``.bin``
     is mapped, its weights its ``'module'`` (a rank's file: upstream's and the project's saves) or the dict itself."""
 
-    def __init__(self, path, rename: Callable[[str], str | None] | None = None):
+    def __init__(self, path, rename: Callable[[str], str | None] | None = None, unpickle: bool = False):
         self.path = path = Path(path)
         self._handle, self._tensors, self._checkpoint = None, None, None
         if path.is_dir():  # a sharded run's DCP checkpoint: read whole
@@ -194,7 +197,7 @@ class TensorFile:
             self._handle = open_safetensors(path, WeightsError)
             raw = dict.fromkeys(self._handle.keys())
         else:
-            checkpoint = load_checkpoint_file(path)
+            checkpoint = load_checkpoint_file(path, unpickle)
             self._checkpoint = checkpoint if isinstance(checkpoint, dict) else None
             problem = trained_part_problem(checkpoint, path)  # a LoRA / P-Tuning run's resumable state
             if problem is not None:
@@ -323,41 +326,45 @@ Merge = Callable[[str, list, list], "torch.Tensor"]  # (name, parts in rank orde
 
 
 def iter_rank_tensors(layout: Layout, take: Take, merge: Merge, *, tp_size: int = 1, tp_rank: int = 0,
-                      rename: Callable[[str], str | None] | None = None,
-                      keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, "torch.Tensor"]]:
+                      rename: Callable[[str], str | None] | None = None, keep: Callable[[str], bool] | None = None,
+                      unpickle: bool = False) -> Iterator[tuple[str, "torch.Tensor"]]:
     """``(name, tensor)``: rank ``tp_rank``'s slice at tensor parallel ``tp_size`` of every weight ``keep``
     accepts, file by file (the family's split plan: ``take`` cuts a rank's part, ``merge`` joins ranks' parts).
 
     ``hf`` and ``dcp``: each tensor cut as it is read (a safetensors slice reads only the part). ``ranks`` saved at
     size ``s``: at ``s == t`` each rank reads its own file; ``s / t`` consecutive files merged when ``t`` divides
-    ``s``; one file cut further when ``s`` divides ``t``; else everything merged, then cut."""
+    ``s``; one file cut further when ``s`` divides ``t``; else everything merged, then cut. ``unpickle``: as
+    ``load_checkpoint_file``'s."""
+    def open_file(path):
+        return TensorFile(path, rename, unpickle)
+
     def names(file):
         return [n for n in file.keys() if keep is None or keep(n)]
 
     if layout.kind != "ranks":
         for path in layout.files:
-            file = TensorFile(path, rename)
+            file = open_file(path)
             for name in names(file):
                 yield name, take(name, file.part(name), tp_size, tp_rank)
             del file
         return
     s, t = layout.tp_size, tp_size
     if s == t:
-        file = TensorFile(layout.files[tp_rank], rename)
+        file = open_file(layout.files[tp_rank])
         for name in names(file):
             yield name, file.get(name)
     elif s % t == 0:
         group = s // t
-        files = same_names([TensorFile(layout.files[tp_rank * group + i], rename) for i in range(group)])
+        files = same_names([open_file(layout.files[tp_rank * group + i]) for i in range(group)])
         for name in names(files[0]):
             yield name, merge(name, [f.get(name) for f in files], [f.path for f in files])
     elif t % s == 0:
         group = t // s
-        file = TensorFile(layout.files[tp_rank // group], rename)
+        file = open_file(layout.files[tp_rank // group])
         for name in names(file):
             yield name, take(name, file.get(name), group, tp_rank % group)
     else:
-        files = same_names([TensorFile(f, rename) for f in layout.files])
+        files = same_names([open_file(f) for f in layout.files])
         for name in names(files[0]):
             yield name, take(name, merge(name, [f.get(name) for f in files], [f.path for f in files]), t, tp_rank)
 

@@ -220,3 +220,22 @@ def test_each_familys_adapter_maps_its_names_both_ways():
     assert "model.layers.0.self_attn.k_proj.weight" in there and not any("query_key_value" in n for n in there)
     back = {n: read() for n, read in from_glm_plan(model.config, there)}
     assert back.keys() == state.keys() and all(torch.equal(back[n], state[n]) for n in state)
+
+
+def test_a_rank_file_that_needs_unpickling_is_read_only_where_asked(tmp_path):
+    """Upstream GLM's rank files pickle numpy RNG state beside the weights: GLM's reader unpickles them
+    (``unpickle=True``), as upstream does; every other reader (ChatGLM2's, GLM-4's shards: the project's own,
+    ``weights_only`` loadable) refuses such a file in one line, so no code in it runs."""
+    import numpy as np
+
+    directory = write_ranks(tmp_path / "ranks", [{"a.weight": STATE["a.weight"]}],
+                            np_rng_state=np.random.RandomState(0).get_state())
+    path = directory / "mp_rank_00_model_states.pt"
+    torch.testing.assert_close(TensorFile(path, unpickle=True).get("a.weight"), STATE["a.weight"])
+    layout = find_layout(directory)
+    assert [n for n, _ in iter_rank_tensors(layout, None, None, unpickle=True)] == ["a.weight"]
+    with pytest.raises(WeightsError) as error:
+        TensorFile(path)
+    assert str(error.value).startswith(f"{path}: not a readable checkpoint (") and "\n" not in str(error.value)
+    with pytest.raises(WeightsError):
+        list(iter_rank_tensors(layout, None, None))

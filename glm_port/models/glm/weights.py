@@ -143,7 +143,7 @@ def _check_rank_count(source: WeightSource, directory: Path) -> None:
 
 def _reader(path: Path) -> TensorFile:
     """One file's tensors by upstream's names (GLM's adapter)."""
-    return TensorFile(path, ADAPTER.to_checkpoint)
+    return TensorFile(path, ADAPTER.to_checkpoint, unpickle=True)  # upstream's rank files pickle numpy RNG state
 
 
 def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0,
@@ -151,7 +151,7 @@ def iter_tensors(source: WeightSource, tp_size: int = 1, tp_rank: int = 0,
     """``(name, tensor)`` for this tensor-parallel rank's slice of every weight ``keep`` accepts, file by
     file (the others are never read), by upstream's names, cut and merged by GLM's split plan."""
     return iter_rank_tensors(source.layout, take_slice, merge_slices, tp_size=tp_size, tp_rank=tp_rank,
-                             rename=ADAPTER.to_checkpoint, keep=keep)
+                             rename=ADAPTER.to_checkpoint, keep=keep, unpickle=True)
 
 
 def stage_weights(stage) -> Callable[[str], bool]:
