@@ -417,6 +417,32 @@ def test_tensor_parallel_lora_logs_the_losses_of_one_process_and_saves_the_whole
         torch.testing.assert_close(tp_base(ids, positions, torch.tensor([4, 4]))[0], logits(None))
 
 
+def test_tensor_parallel_lora_resumes_from_its_adapter_slices_as_the_uninterrupted_run(tmp_path):
+    """A TP 2 LoRA run stopped after step 2 (each rank saved its adapter slices, not the frozen base) and
+    started again to step 4 in that --output_dir takes steps 3-4 as the uninterrupted TP 2 run did: the same
+    losses and the same final adapter (1e-6). A constant learning rate: --max_steps sets a linear decay's end."""
+    from safetensors.torch import load_file
+
+    lora = [*TP_ARGV, "--lora", "--lora_target_modules", "query_key_value,dense", "--save_steps", "2",
+            "--lr_scheduler_type", "constant"]
+    stopped = [*lora, "--output_dir", str(tmp_path / "resumed")]
+    whole, first, resumed = map(_losses, _run_ranks(
+        tmp_path, [*lora, "--output_dir", str(tmp_path / "whole")], [*stopped, "--max_steps", "2"],
+        [*stopped, "--max_steps", "4"]))
+    assert sorted(whole) == [1, 2, 3, 4] and sorted(first) == [1, 2] and sorted(resumed) == [3, 4]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(whole[step], rel=1e-6, abs=1e-6), step
+    for rank in (0, 1):  # each rank's adapter slices alone
+        saved = torch.load(tmp_path / "resumed" / "checkpoints" / "2" / f"mp_rank_0{rank}_model_states.pt",
+                           weights_only=True)
+        assert "module" not in saved and saved["trained_part"] == "LoRA adapters"
+        assert saved["trainable"] and all(".lora_A." in k or ".lora_B." in k for k in saved["trainable"])
+    final, again = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("whole", "resumed"))
+    assert again.keys() == final.keys()
+    for key, value in final.items():
+        torch.testing.assert_close(again[key], value, rtol=1e-6, atol=1e-6, msg=key)
+
+
 def test_tensor_parallel_lora_on_chatglm2_splits_its_query_and_key_value_groups(tmp_path, capsys):
     """ChatGLM2's query_key_value is [Q heads | K groups | V groups], each split over the ranks, and
     dense_h_to_4h [gate | up] (stride 2): TP 2 trains as one process does and saves the same whole adapter."""
