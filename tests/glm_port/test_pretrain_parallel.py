@@ -156,3 +156,29 @@ def test_tensor_parallel_checkpoint_is_upstreams_per_rank_layout(rank_logs, tmp_
             torch.testing.assert_close(parts[0], parts[1])
             merged = parts[0]
         torch.testing.assert_close(merged, whole, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_tensor_parallel_zero_loads_a_plain_tensor_parallel_checkpoint_as_tensor_parallel_resumes_it(tmp_path):
+    """A plain (per-rank ``mp_rank_XX`` files, not DCP) checkpoint of a TP 2 run without ZeRO, loaded by TP 2
+    with ZeRO stage 2 or 3 (FSDP2 on the (dp, tp) mesh, 4 ranks): each tensor-parallel rank's weights and the
+    iteration, a fresh optimizer; iterations 3-4 log what TP 2 without ZeRO logs resumed from it with
+    --no-load-optim (1e-4)."""
+    for stage in (2, 3):
+        (tmp_path / f"zero{stage}.json").write_text(f'{{"zero_optimization": {{"stage": {stage}}}}}')
+    tp = [*COMMON, "--batch-size", "2", "--model-parallel-size", "2", "--eval-iters", "0"]
+    plain = str(tmp_path / "plain")
+    runs = [[*tp, "--train-iters", "2", "--save", plain],
+            *([*tp, "--deepspeed_config", str(tmp_path / f"zero{stage}.json"), "--load", plain] for stage in (2, 3)),
+            [*tp, "--load", plain, "--no-load-optim"]]
+    per_run = torchrun_mains("glm_port.pretrain_glm:main", runs, 4, tmp_path, TIMEOUT_S)
+    assert sorted(Path(plain, "2").glob("mp_rank_*")) == [Path(plain, "2", f"mp_rank_0{r}_model_states.pt")
+                                                           for r in (0, 1)]
+    reference = logged_losses(per_run[3][0])
+    assert sorted(reference) == [3, 4]
+    for stage, logs in zip((2, 3), per_run[1:3]):
+        assert f"ZeRO stage {stage}: parameters, gradients and optimizer state sharded over the 2" in logs[0]
+        assert "is unsharded: its weights and iteration are loaded, its optimizer state is not" in logs[0]
+        losses = logged_losses(logs[0])
+        assert sorted(losses) == [3, 4], logs[0]
+        for iteration, loss in reference.items():
+            assert losses[iteration] == pytest.approx(loss, rel=1e-4), (stage, iteration)
