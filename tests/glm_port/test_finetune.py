@@ -432,12 +432,16 @@ def test_tensor_parallel_lora_resumes_from_its_adapter_slices_as_the_uninterrupt
     assert sorted(whole) == [1, 2, 3, 4] and sorted(first) == [1, 2] and sorted(resumed) == [3, 4]
     for step, loss in resumed.items():
         assert loss == pytest.approx(whole[step], rel=1e-6, abs=1e-6), step
+    qkv_rows = []
     for rank in (0, 1):  # each rank's adapter slices alone
         saved = torch.load(tmp_path / "resumed" / "checkpoints" / "2" / f"mp_rank_0{rank}_model_states.pt",
                            weights_only=True)
         assert "module" not in saved and saved["trained_part"] == "LoRA adapters"
         assert saved["trainable"] and all(".lora_A." in k or ".lora_B." in k for k in saved["trainable"])
+        qkv_rows.append(next(v.shape[0] for k, v in saved["trainable"].items() if "query_key_value.lora_B" in k))
     final, again = (load_file(tmp_path / d / "final" / "adapter_model.safetensors") for d in ("whole", "resumed"))
+    whole_rows = next(v.shape[0] for k, v in final.items() if k.endswith("query_key_value.lora_B.weight"))
+    assert qkv_rows == [whole_rows // 2] * 2  # slices, not the whole adapter on each rank
     assert again.keys() == final.keys()
     for key, value in final.items():
         torch.testing.assert_close(again[key], value, rtol=1e-6, atol=1e-6, msg=key)
