@@ -515,6 +515,18 @@ def check_fits(weights: dict, model_state: dict, source, hint: str = "") -> None
             )
 
 
+def _tensor_parallel_hint(sd: dict) -> str:
+    """What a checkpoint's shape mismatch may be owed to: the tensor-parallel size it was saved at (its
+    ``'mp_world_size'``) against this run's, else a guess when this run is tensor parallel."""
+    tp_size = tensor_parallel_size()
+    saved = sd.get("mp_world_size") if isinstance(sd, dict) else None
+    if isinstance(saved, int) and saved != tp_size:
+        return f" (saved at tensor parallel {saved}, this run is at tensor parallel {tp_size}: resume at {saved})"
+    if tp_size > 1:
+        return f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
+    return ""
+
+
 def check_resumable(load, model, *, tp_rank: int = 0, trainable_only: bool = False,
                     base_model: str | None = None) -> None:
     """The CheckpointError ``load_checkpoint`` would raise about the weights of ``load``'s latest checkpoint
@@ -526,9 +538,7 @@ def check_resumable(load, model, *, tp_rank: int = 0, trainable_only: bool = Fal
     if sd is None:
         return
     weights, target = _trained_part(sd, path, model, trainable_only, base_model)
-    tp_size = tensor_parallel_size()
-    hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
-    check_fits(weights, target, path, hint if tp_size > 1 else "")
+    check_fits(weights, target, path, _tensor_parallel_hint(sd))
 
 
 def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=None, grad_scaler=None,
@@ -552,9 +562,7 @@ def load_checkpoint(load, model, *, tp_rank: int = 0, optimizer=None, scheduler=
         raise CheckpointError(f"{error}{_previous_good(load, int(path.parent.name), tp_rank) if tracked else ''}") from None
     # this rank's shards under tensor parallel, as upstream's files hold; or the run's trained part alone
     weights, target = _trained_part(sd, path, model, trainable_only, base_model)
-    tp_size = tensor_parallel_size()
-    hint = f" (this rank's shard of tensor parallel {tp_size}: saved with another --model-parallel-size?)"
-    check_fits(weights, target, path, hint if tp_size > 1 else "")
+    check_fits(weights, target, path, _tensor_parallel_hint(sd))
     with torch.no_grad():  # extra keys (e.g. an HF head) are not ours to load
         for name, tensor in target.items():
             tensor.copy_(weights[name])

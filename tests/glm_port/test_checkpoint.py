@@ -149,6 +149,21 @@ def test_other_architecture_is_a_one_line_error(tmp_path):
         load_checkpoint(deeper, model)
 
 
+def test_a_shard_of_another_tensor_parallel_size_says_so(tmp_path):
+    """Rank 0's file of a tensor-parallel 2 save (half the embedding rows, ``mp_world_size`` 2) resumed in one
+    process: the mismatch names both sizes, not only the shapes."""
+    half = {k: (v[: v.shape[0] // 2] if k == "word_embeddings.weight" else v)
+            for k, v in GLMModel(TINY).state_dict().items()}
+    (tmp_path / "100").mkdir()
+    torch.save({"iteration": 100, "module": half, "mp_world_size": 2}, tmp_path / "100" / "mp_rank_00_model_states.pt")
+    (tmp_path / TRACKER).write_text("100")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path, GLMModel(TINY))
+    message = str(error.value)
+    assert "\n" not in message and message.endswith(
+        " here (saved at tensor parallel 2, this run is at tensor parallel 1: resume at 2)"), message
+
+
 def test_missing_and_empty_checkpoint_paths(tmp_path):
     model = GLMModel(TINY)
     with pytest.raises(CheckpointError, match="no such file or directory"):
