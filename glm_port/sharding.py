@@ -373,3 +373,70 @@ def every_rank(flag: bool) -> bool:
     flags = [None] * dist.get_world_size()
     dist.all_gather_object(flags, bool(flag))
     return all(flags)
+
+
+# ---- under tensor parallel: a sharded model filled from rank 0 of each data-parallel group ----------------------
+
+
+def shard_from_dp_rank0(model, sharding: Sharding, group, param_dtype=None, device="cpu", whole=None):
+    """``shard_from_rank0`` under tensor parallel (TP x FSDP2 on one (dp, tp) mesh): ``model`` is this rank's
+    tensor-parallel model built on the meta device (its split layers' weights meta DTensors on the tp
+    dimension), on every rank; ``whole`` is the same model loaded (e.g. on the CPU: this tensor-parallel rank's
+    slices, read whole) on rank 0 of each data-parallel ``group`` (torch.distributed's; one group per
+    tensor-parallel rank), None elsewhere. Every rank's FSDP2 units are made over ``sharding.mesh`` (the dp
+    dimension), the shards allocated on ``device`` (``to_empty``; the duplicate-row marks ``shard_model`` made,
+    ``sharded_duplicate_rows``, carried over) and filled tensor by tensor: the group's rank 0 broadcasts its
+    slice over ``group`` and each rank keeps the piece FSDP2 gave it (``torch.chunk`` of the slice's rows over
+    the shard dimension, as ``_mark_sharded_duplicates`` places them). The non-persistent buffers come from
+    that rank likewise. Collective over ``group``. No rank but a group's rank 0 ever holds more than its shards
+    and one slice of one tensor in flight."""
+    from torch.distributed.tensor import DTensor
+
+    source = dist.get_rank(group) == 0
+    if (whole is not None) != source:
+        raise ValueError("shard_from_dp_rank0: the loaded model (whole) on the data-parallel rank 0 alone")
+    local = (lambda t: t.to_local() if isinstance(t, DTensor) else t)
+    state = {name: local(value) for name, value in whole.state_dict().items()} if source else {}
+    buffers = non_persistent_buffers(model)
+    kept = {name: local(whole.get_buffer(name)) for name in buffers} if source else {}
+    shapes = broadcast_from_dp_rank0({name: (tuple(t.shape), t.dtype) for name, t in {**state, **kept}.items()},
+                                     group)
+    shard_model(model, sharding, param_dtype)
+    marks = {name: p.sharded_duplicate_rows for name, p in model.named_parameters()
+             if hasattr(p, "sharded_duplicate_rows")}
+    model.to_empty(device=device)
+    for name, rows in marks.items():  # to_empty makes new parameters, which lose the attribute
+        model.get_parameter(name).sharded_duplicate_rows = rows
+    mesh = sharding.mesh
+    dim = "shard" if mesh.ndim == 2 else None
+    ranks, rank = mesh.size(1 if dim else 0), mesh.get_local_rank(dim)
+    targets = dict(model.state_dict())
+    if {*targets, *buffers} != shapes.keys():  # every rank alike (shapes are the loaded model's, broadcast)
+        raise RuntimeError(f"shard_from_dp_rank0: the loaded model's tensors {sorted(set(shapes) ^ set(targets))} "
+                           "differ from the meta model's")
+    with torch.no_grad():
+        for name in [*targets, *buffers]:
+            shape, dtype = shapes[name]
+            held = state.pop(name) if name in state else kept.get(name)
+            slice_ = held.detach().to(device) if source else torch.empty(shape, dtype=dtype, device=device)
+            dist.broadcast(slice_, group=group, group_src=0)
+            target = model.get_buffer(name) if name in buffers else targets[name]
+            if isinstance(target, DTensor):  # an FSDP2 shard: this rank's piece of the slice's rows
+                piece = target.to_local()
+                chunk = -(-shape[0] // ranks) if shape else 0
+                part = slice_[min(rank * chunk, shape[0]):min((rank + 1) * chunk, shape[0])]
+                if piece.shape != part.shape:
+                    raise RuntimeError(f"{name}: FSDP2 shard of shape {tuple(piece.shape)}, expected "
+                                       f"{tuple(part.shape)} of the slice's {tuple(shape)}")
+                piece.copy_(part)
+            else:  # left whole (a buffer)
+                local(target).copy_(slice_)
+            del slice_
+    return model
+
+
+def broadcast_from_dp_rank0(value, group):
+    """A picklable ``value`` as rank 0 of ``group`` holds it, on every rank of ``group`` (collective over it)."""
+    box = [value]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]

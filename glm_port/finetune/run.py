@@ -371,21 +371,26 @@ def setup(args) -> Session:
     # reads the weights (on the CPU) and every rank gets its shards from it (``shard_from_rank0``): no rank but 0
     # ever holds the whole model, and no device does.
     from_rank0 = env.sharding is not None and env.tp_size == 1 and full
+    # Under tensor parallel too: every rank builds its tensor-parallel model on the meta device, rank 0 of each
+    # data-parallel group (one per tensor-parallel rank) alone reads that tensor-parallel rank's slices (on the CPU)
+    # and the group's ranks get their shards from it (``shard_from_dp_rank0``): no other rank holds them whole.
+    from_dp_rank0 = env.sharding is not None and env.tp_size > 1 and full
+    reads = env.is_main if from_rank0 else env.dp_rank == 0 if from_dp_rank0 else False
     whole = rng = None
     try:
-        if from_rank0 and env.is_main:
+        if reads:
             whole, _ = binding.load(source, "cpu", args.recompute, tokenizer_path=tokenizer_path)
             rng = torch.get_rng_state()  # as an embedded model's random init left it, for every rank below
         base, tokenizer = binding.load(source, env.device, args.recompute, tokenizer_path=tokenizer_path, **prefix,
-                                       **({"meta": True} if from_rank0 else {}))
+                                       **({"meta": True} if from_rank0 or from_dp_rank0 else {}))
     except BaseException as error:
-        if from_rank0:  # the ranks wait for each other below: this one's failure stops them all
+        if from_rank0 or from_dp_rank0:  # the ranks wait for each other below: this one's failure stops them all
             _all_ranks_loaded(False)
         if not isinstance(error, FileNotFoundError) or tokenizer_path is not None:
             raise
         # no vocabulary recorded beside the weights
         raise FinetuneError(f"{error}; name the tokenizer with --tokenizer_name_or_path") from None
-    if from_rank0 and not _all_ranks_loaded(True):
+    if (from_rank0 or from_dp_rank0) and not _all_ranks_loaded(True):
         raise FinetuneError("the model did not load on another rank (its log says why)")
     _fit_lengths(args, binding, base, env.is_main)
     save_dtype = None
@@ -405,6 +410,21 @@ def setup(args) -> Session:
             model.to(held)
         model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device,
                                         whole=whole)
+        del whole
+    elif from_dp_rank0:  # each data-parallel group's rank 0's slices, dtype and random states for the group
+        from glm_port.sharding import broadcast_from_dp_rank0, shard_from_dp_rank0
+
+        held = next((p.dtype for p in whole.parameters() if p.is_floating_point()), None) \
+            if whole is not None else None
+        tracker = torch.recompute.get_cuda_rng_tracker()  # the tensor-parallel streams, as its init left them
+        states = tracker.get_states() if whole is not None else None
+        save_dtype, rng, states, held = broadcast_from_dp_rank0((save_dtype, rng, states, held), env.dp_group)
+        torch.set_rng_state(rng)
+        tracker.set_states(states)
+        if held is not None and held != torch.float32:  # not trained: the weights stay in the dtype loaded
+            model.to(held)
+        model = base = shard_from_dp_rank0(model, env.sharding, env.dp_group, torch.bfloat16 if args.bf16 else None,
+                                           env.device, whole=whole)
         del whole
     elif env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
         model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)
