@@ -361,10 +361,11 @@ def shard_from_rank0(model, sharding: Sharding, param_dtype=None, device="cpu", 
     return model
 
 
-def broadcast_from_rank0(value):
-    """A picklable ``value`` as global rank 0 holds it, on every rank (collective)."""
+def broadcast_from_rank0(value, group=None):
+    """A picklable ``value`` as rank 0 of ``group`` holds it (None: the global rank 0, every rank), on every rank
+    of ``group`` (collective over it)."""
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, group=group, group_src=0)
     return box[0]
 
 
@@ -399,7 +400,7 @@ def shard_from_dp_rank0(model, sharding: Sharding, group, param_dtype=None, devi
     state = {name: local(value) for name, value in whole.state_dict().items()} if source else {}
     buffers = non_persistent_buffers(model)
     kept = {name: local(whole.get_buffer(name)) for name in buffers} if source else {}
-    shapes = broadcast_from_dp_rank0({name: (tuple(t.shape), t.dtype) for name, t in {**state, **kept}.items()},
+    shapes = broadcast_from_rank0({name: (tuple(t.shape), t.dtype) for name, t in {**state, **kept}.items()},
                                      group)
     shard_model(model, sharding, param_dtype)
     marks = {name: p.sharded_duplicate_rows for name, p in model.named_parameters()
@@ -433,10 +434,3 @@ def shard_from_dp_rank0(model, sharding: Sharding, group, param_dtype=None, devi
                 local(target).copy_(slice_)
             del slice_
     return model
-
-
-def broadcast_from_dp_rank0(value, group):
-    """A picklable ``value`` as rank 0 of ``group`` holds it, on every rank of ``group`` (collective over it)."""
-    box = [value]
-    dist.broadcast_object_list(box, group=group, group_src=0)
-    return box[0]

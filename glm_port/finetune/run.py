@@ -399,32 +399,26 @@ def setup(args) -> Session:
         save_dtype = checkpoint_dtype(source) or held
         save_dtype = None if save_dtype == torch.float32 else save_dtype
     model = base if full or ptuning else apply_lora(args, base)
-    if from_rank0:  # rank 0's weights, dtype and random state for every rank
-        from glm_port.sharding import broadcast_from_rank0, shard_from_rank0
+    if from_rank0 or from_dp_rank0:
+        # the weights, dtype and random state(s) of the rank that read them: global rank 0, or under tensor
+        # parallel each data-parallel group's rank 0 (its slices, and the tensor-parallel RNG streams too)
+        from glm_port.sharding import broadcast_from_rank0, shard_from_dp_rank0, shard_from_rank0
 
+        group = env.dp_group if from_dp_rank0 else None
         held = next((p.dtype for p in whole.parameters() if p.is_floating_point()), None) \
             if whole is not None else None
-        save_dtype, rng, held = broadcast_from_rank0((save_dtype, rng, held))
+        tracker = torch.recompute.get_cuda_rng_tracker() if from_dp_rank0 else None  # as its init left them
+        states = tracker.get_states() if tracker is not None and whole is not None else None
+        save_dtype, rng, states, held = broadcast_from_rank0((save_dtype, rng, states, held), group)
         torch.set_rng_state(rng)
+        if tracker is not None:
+            tracker.set_states(states)
         if held is not None and held != torch.float32:  # not trained: the weights stay in the dtype loaded
             model.to(held)
-        model = base = shard_from_rank0(model, env.sharding, torch.bfloat16 if args.bf16 else None, env.device,
-                                        whole=whole)
-        del whole
-    elif from_dp_rank0:  # each data-parallel group's rank 0's slices, dtype and random states for the group
-        from glm_port.sharding import broadcast_from_dp_rank0, shard_from_dp_rank0
-
-        held = next((p.dtype for p in whole.parameters() if p.is_floating_point()), None) \
-            if whole is not None else None
-        tracker = torch.recompute.get_cuda_rng_tracker()  # the tensor-parallel streams, as its init left them
-        states = tracker.get_states() if whole is not None else None
-        save_dtype, rng, states, held = broadcast_from_dp_rank0((save_dtype, rng, states, held), env.dp_group)
-        torch.set_rng_state(rng)
-        tracker.set_states(states)
-        if held is not None and held != torch.float32:  # not trained: the weights stay in the dtype loaded
-            model.to(held)
-        model = base = shard_from_dp_rank0(model, env.sharding, env.dp_group, torch.bfloat16 if args.bf16 else None,
-                                           env.device, whole=whole)
+        param_dtype = torch.bfloat16 if args.bf16 else None
+        model = base = (shard_from_dp_rank0(model, env.sharding, group, param_dtype, env.device, whole=whole)
+                        if from_dp_rank0 else shard_from_rank0(model, env.sharding, param_dtype, env.device,
+                                                               whole=whole))
         del whole
     elif env.sharding is not None:  # FSDP2 units (the parameters become DTensor shards) before the optimizer
         model = base = env.shard(model, torch.bfloat16 if args.bf16 else None)

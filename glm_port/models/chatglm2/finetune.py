@@ -209,13 +209,13 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
 
     import torch
 
+    from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
     from glm_port.models.chatglm2.weights import load_tokenizer
 
     if tokenizer_path is not None:
         tokenizer_path = Path(tokenizer_path)
         tokenizer = load_tokenizer(tokenizer_path.parent if tokenizer_path.is_file() else tokenizer_path)
     if path is None:
-        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
         from glm_port.models.chatglm2.tiny import build_tiny
 
         if meta:
@@ -224,32 +224,25 @@ def load(path, device, recompute: bool = False, tokenizer_path=None, pre_seq_len
         else:
             model, tiny_tokenizer = embedded_model(build_tiny, ChatGLM2ForCausalLM, device)
         tokenizer = tiny_tokenizer if tokenizer_path is None else tokenizer
-    elif meta:
-        from glm_port.models.chatglm2.model import ChatGLM2ForCausalLM
+    else:
+        from glm_port.distributed import tensor_parallel_size
         from glm_port.models.chatglm2.weights import check_directory
 
         if tokenizer_path is None:
             if not (Path(path) / "tokenizer.model").is_file():
                 raise FileNotFoundError(f"no ChatGLM2 tokenizer in {path} (expected tokenizer.model)")
             tokenizer = load_tokenizer(path)
-        with torch.device("meta"):
-            model = ChatGLM2ForCausalLM(check_directory(path, quantized=False)).eval()
-        model.config._name_or_path = str(path)  # as from_pretrained records it
-    else:
-        from glm_port.models.chatglm2.weights import load_pretrained
-
-        from glm_port.distributed import tensor_parallel_size
-
-        if tokenizer_path is None:
-            if not (Path(path) / "tokenizer.model").is_file():
-                raise FileNotFoundError(f"no ChatGLM2 tokenizer in {path} (expected tokenizer.model)")
-            tokenizer = load_tokenizer(path)
-        if tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as THUDM's)
+        if meta:
+            with torch.device("meta"):
+                model = ChatGLM2ForCausalLM(check_directory(path, quantized=False)).eval()
+            model.config._name_or_path = str(path)  # as load_pretrained records it
+        elif tensor_parallel_size() > 1:  # each rank reads its slices (Q heads | K, V groups split as THUDM's)
             from glm_port.models.chatglm2.generation import load_split
-            from glm_port.models.chatglm2.weights import check_directory
 
             model = load_split(path, check_directory(path), device=device)
         else:
+            from glm_port.models.chatglm2.weights import load_pretrained
+
             model = load_pretrained(path, dtype=None, device=device)
     if not meta:
         model = model.to(device=device, dtype=next(model.parameters()).dtype)

@@ -46,15 +46,9 @@ def load(path: Path | None, device, recompute: bool = False, tokenizer_path: Pat
         with torch.device("meta"):
             glm = GLMForConditionalGeneration(source_config(find_source(path))).glm
         glm.eval()
-        if vocab.num_tokens > glm.config.vocab_size:
-            raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
-                             f"{glm.config.vocab_size} embedding rows: not the vocabulary it was trained with")
-        if recompute:
-            glm.config = glm.transformer.config = glm.config.replace(checkpoint_activations=True)
-        return glm, vocab
-    # Under --tensor_parallel_degree the model is built split: each rank reads its slices (Megatron's rules).
-    glm = GLMForConditionalGeneration.from_pretrained(path, device=device,
-                                                      tensor_parallel=current_model_parallel()).glm
+    else:  # under --tensor_parallel_degree the model is built split: each rank reads its slices (Megatron's rules)
+        glm = GLMForConditionalGeneration.from_pretrained(path, device=device,
+                                                          tensor_parallel=current_model_parallel()).glm
     if vocab.num_tokens > glm.config.vocab_size:
         raise ValueError(f"the tokenizer has {vocab.num_tokens} tokens but the model at {path} only "
                          f"{glm.config.vocab_size} embedding rows: not the vocabulary it was trained with")
