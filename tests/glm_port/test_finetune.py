@@ -192,25 +192,29 @@ def _run_ranks(tmp_path, *runs, world=2):
     return [per_rank[0] for per_rank in torchrun_mains("glm_port.finetune.run:main", runs, world, tmp_path)]
 
 
+def _assert_tp_shards_give_one_process_logits(tp_final, one_final):
+    """The final step's two ``mp_rank_XX`` shards (upstream's per-rank layout, with the config), loaded at
+    tensor-parallel size 1 (merged by Megatron's rules), give the logits of the model one process saved."""
+    shards = sorted((tp_final / "4").glob("mp_rank_*_model_states.pt"))
+    assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    from glm_port import GLMForConditionalGeneration
+
+    merged = GLMForConditionalGeneration.from_pretrained(tp_final).glm.eval()
+    single_model = GLMForConditionalGeneration.from_pretrained(one_final).glm.eval()
+    ids = torch.arange(2, 18).view(2, 8)
+    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
+                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+
+
 def test_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_path, capsys):
     parallel = _losses(_run_ranks(tmp_path)[0])
     single = _losses(_run([*TP_ARGV, "--output_dir", str(tmp_path / "one")], capsys))
     assert sorted(parallel) == sorted(single) == [1, 2, 3, 4]
     for step, loss in single.items():
         assert parallel[step] == pytest.approx(loss, rel=1e-4), step
-    # Each rank saved its shard in upstream's per-rank layout, with the config; loaded at tensor-parallel
-    # size 1 (the shards merged by Megatron's rules) it gives the one-process model's logits.
-    shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
-    assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
-    from glm_port import GLMForConditionalGeneration
-
-    merged = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "final").glm.eval()
-    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
-    ids = torch.arange(2, 18).view(2, 8)
-    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
-                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+    _assert_tp_shards_give_one_process_logits(tmp_path / "tp" / "final", tmp_path / "one" / "final")
 
 
 def test_tensor_parallel_2_finetunes_the_embedded_chatglm2_tiny_as_one_process(tmp_path, capsys):
@@ -299,17 +303,7 @@ def test_sharded_tensor_parallel_finetune_logs_the_losses_of_one_process(tmp_pat
     assert [m.groups() for m in EVAL.finditer(log)] == [m.groups() for m in EVAL.finditer(single_log)] != []
     assert {".metadata", *(f"__{r}_0.distcp" for r in range(4)), "training_state.pt"} <= {
         p.name for p in (tmp_path / "tp" / "checkpoints" / "2").iterdir()}
-    shards = sorted((tmp_path / "tp" / "final" / "4").glob("mp_rank_*_model_states.pt"))
-    assert [p.name for p in shards] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
-    from glm_port import GLMForConditionalGeneration
-
-    merged = GLMForConditionalGeneration.from_pretrained(tmp_path / "tp" / "final").glm.eval()
-    single_model = GLMForConditionalGeneration.from_pretrained(tmp_path / "one" / "final").glm.eval()
-    ids = torch.arange(2, 18).view(2, 8)
-    positions = torch.stack((torch.arange(8), torch.zeros(8, dtype=torch.long))).expand(2, 2, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(merged(ids, positions, torch.tensor([4, 4]))[0],
-                                   single_model(ids, positions, torch.tensor([4, 4]))[0], rtol=1e-4, atol=1e-4)
+    _assert_tp_shards_give_one_process_logits(tmp_path / "tp" / "final", tmp_path / "one" / "final")
 
 
 def test_sharded_tensor_parallel_chatglm2_with_replicated_key_value_rows_trains_as_one_process(tmp_path, capsys):
