@@ -254,15 +254,20 @@ def test_glm_generate_refuses_what_the_family_does_not_declare(case, capsys):
         assert " ".join(flags) in err and f"the {family.name} family does not support {FEATURES[feature]}" in err, err
 
 
-def _merge(src: Path, out: Path, capsys) -> tuple[int, str]:
-    from glm_port.convert.merge import main
-
+def _exit_status(main, argv: list[str], capsys) -> tuple[int, str]:
+    """``main(argv)``'s exit status (0 when it returns, argparse's and the commands' exits caught) and stderr."""
     try:
-        main([str(src), str(out)])
+        main(argv)
         code = 0
     except SystemExit as exit_:
         code = exit_.code
     return code, capsys.readouterr().err
+
+
+def _merge(src: Path, out: Path, capsys) -> tuple[int, str]:
+    from glm_port.convert.merge import main
+
+    return _exit_status(main, [str(src), str(out)], capsys)
 
 
 def test_glm_merge_round_trip_keeps_the_logits(case, tmp_path, capsys):
@@ -289,12 +294,7 @@ def test_glm_merge_refuses_a_family_it_cannot_write(case, tmp_path, capsys):
 def _export(src: Path, out: Path, capsys) -> tuple[int, str]:
     from glm_port.convert.export import main
 
-    try:
-        main(["--model_name_or_path", str(src), "--output_path", str(out)])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    return _exit_status(main, ["--model_name_or_path", str(src), "--output_path", str(out)], capsys)
 
 
 def test_glm_export_keeps_the_logits(case, tmp_path, capsys):
